@@ -289,6 +289,11 @@ class MultiAgentPolicy:
         if value_head:
             self.value_heads = nn.ModuleDict({a: nn.Linear(hidden, 1) for a in self.agents}).to(self.device)
         self._keeps_logits = "logits_to_keep" in inspect.signature(self._causal_lm.forward).parameters
+        # LoRA's dropout modules: the only modules train() switches to training mode.
+        self._lora_dropouts: list[nn.Module] = [
+            module for name, module in self.model.named_modules() if name.rsplit(".", 2)[-2:-1] == ["lora_dropout"]
+        ]
+        self._training = False
         self.model.eval()
 
     # ------------------------------------------------------------------ construction helpers
@@ -365,9 +370,20 @@ class MultiAgentPolicy:
             raise ValueError(f"lr must be > 0, got {lr!r}")
         return torch.optim.AdamW(self.parameters(agent), lr=lr, **adamw_kwargs)
 
+    @property
+    def training(self) -> bool:
+        """Whether :meth:`train` mode is on (LoRA dropout active in gradient passes)."""
+        return self._training
+
     def train(self, mode: bool = True) -> MultiAgentPolicy:
-        """Train mode enables LoRA dropout (generation always runs in eval mode)."""
-        self.model.train(mode)
+        """Train mode enables LoRA dropout, and only that: the base model stays in eval mode, so a base
+        with dropout (GPT-2, OPT, Phi) scores the same tokens the same way in every pass and the
+        policy equals the reference until its adapter changes (PPO's KL and MAGRPO's ratios start at
+        exactly 0 and 1). Under full fine-tuning the model's own dropout stays off likewise (TRL's
+        ``disable_dropout``). Passes run without gradients (old log-probs, values, reference
+        log-probs) and generation always run in eval mode."""
+        self._training = bool(mode)
+        self._apply_mode(self._training)
         if self.value_heads is not None:
             self.value_heads.train(mode)
         return self
@@ -375,14 +391,19 @@ class MultiAgentPolicy:
     def eval(self) -> MultiAgentPolicy:
         return self.train(False)
 
+    def _apply_mode(self, dropout: bool) -> None:
+        self.model.eval()
+        if dropout:
+            for module in self._lora_dropouts:
+                module.train()
+
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
-        was_training = self.model.training
-        self.model.eval()
+        self._apply_mode(False)
         try:
             yield
         finally:
-            self.model.train(was_training)
+            self._apply_mode(self._training)
 
     # ------------------------------------------------------------------ input checks
     def _rows(self, ids: ArrayLike, mask: ArrayLike, what: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -494,7 +515,9 @@ class MultiAgentPolicy:
             raise ValueError("with_values=True needs a policy built with value_head=True")
         tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
         self._set_agent(agent)
-        return self._score(*tensors, value_agent=agent if with_values else None)
+        # A pass without gradients scores (old log-probs, values): no dropout, whatever the mode.
+        with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
+            return self._score(*tensors, value_agent=agent if with_values else None)
 
     def logprobs(
         self,
@@ -529,7 +552,7 @@ class MultiAgentPolicy:
         response_mask: ArrayLike,
     ) -> torch.Tensor:
         """(B, T) log-probs under the reference policy (the base model with adapters disabled; under full
-        fine-tuning, the frozen initial model). No grad."""
+        fine-tuning, the frozen initial model). No grad, no dropout."""
         self._check_agent(agent)
         tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
         if self.lora is None:
@@ -539,7 +562,7 @@ class MultiAgentPolicy:
                 return self._score(*tensors, value_agent=None)[0]
             finally:
                 self.model = live
-        with self.model.disable_adapter():
+        with self.model.disable_adapter(), self._eval_mode():
             return self._score(*tensors, value_agent=None)[0]
 
     # ------------------------------------------------------------------ generation
@@ -797,26 +820,36 @@ class MultiAgentPolicy:
 
         return get_peft_model_state_dict(self.model, adapter_name=agent)
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write each agent's adapter (``<agent>.adapter.safetensors``; the whole model under full
-        fine-tuning) and value head, then ``policy.json`` naming agents and settings. Returns the dir."""
-        from safetensors.torch import save_file
-
-        root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
+    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+        """A copy of everything :meth:`save` writes, as ``{file name: {key: CPU tensor}}``: the trained
+        state at one moment, which later updates do not change (``save(dir, state)`` writes it)."""
         files: dict[str, dict[str, torch.Tensor]] = {}
         for agent in self.agents:
-            state = {k: v.detach().cpu().contiguous() for k, v in self._agent_state(agent).items()}
+            state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._agent_state(agent).items()}
             if self.lora is None:
                 state = _untie(state)
             files[f"{agent}.adapter.safetensors"] = state
             if self.value_heads is not None:
                 files[f"{agent}.value_head.safetensors"] = {
-                    k: v.detach().cpu().contiguous() for k, v in self.value_heads[agent].state_dict().items()
+                    k: v.detach().to("cpu", copy=True).contiguous()
+                    for k, v in self.value_heads[agent].state_dict().items()
                 }
-        for name, state in files.items():
+        return files
+
+    def save(
+        self, directory: str | os.PathLike[str], state: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    ) -> Path:
+        """Write each agent's adapter (``<agent>.adapter.safetensors``; the whole model under full
+        fine-tuning) and value head, then ``policy.json`` naming agents and settings. Returns the dir.
+        ``state``: a :meth:`state` taken earlier, written instead of the live weights."""
+        from safetensors.torch import save_file
+
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        files = self.state() if state is None else state
+        for name, tensors in files.items():
             tmp = root / f".{name}.tmp"
-            save_file(state, str(tmp))
+            save_file(dict(tensors), str(tmp))
             os.replace(tmp, root / name)
         # The manifest goes last: a directory without it is an unfinished save.
         tmp = root / f".{MANIFEST_NAME}.tmp"

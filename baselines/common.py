@@ -30,14 +30,16 @@ Checkpoint layout (``<run_dir>/checkpoints/``)::
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, fields, is_dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,19 @@ def seed_everything(seed: int) -> np.random.Generator:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     return np.random.default_rng(seed)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Run the block under ``torch.manual_seed(seed)`` and restore every torch generator afterwards.
+
+    ``torch.manual_seed`` reseeds the CPU generator *and every CUDA generator*, so the CUDA
+    generators are forked too (``fork_rng(devices=[])`` would restore the CPU one only, and each
+    evaluation would reset the GPU's sampling stream to the same state)."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:
@@ -229,40 +244,73 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class TrainerState:
+    """Everything a checkpoint holds, copied at one moment (an iteration boundary): later updates,
+    sampling or evaluation do not change it. :func:`save_checkpoint` writes one.
+
+    Learners take one at every iteration boundary; Ctrl-C in the middle of an iteration then saves
+    the last boundary's state, never the half-updated live weights (a resumed run is then exactly
+    the uninterrupted run)."""
+
+    step: int
+    policy: dict[str, dict[str, torch.Tensor]]
+    optimizers: dict[str, dict[str, Any]]
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+    @classmethod
+    def capture(
+        cls,
+        *,
+        step: int,
+        policy: Any,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        rng: np.random.Generator,
+        extra: Mapping[str, Any] | None = None,
+    ) -> TrainerState:
+        return cls(
+            step=int(step),
+            policy=policy.state(),
+            optimizers={agent: copy.deepcopy(opt.state_dict()) for agent, opt in optimizers.items()},
+            rng=copy.deepcopy(rng_state(rng)),
+            extra=copy.deepcopy(dict(extra or {})),
+        )
+
+
 def save_checkpoint(
     run_dir: str | os.PathLike[str],
+    state: TrainerState,
     *,
-    step: int,
     learner: str,
     config: Any,
     policy: Any,
-    optimizers: Mapping[str, torch.optim.Optimizer],
-    rng: np.random.Generator,
-    extra: Mapping[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint ``step`` under ``run_dir/checkpoints`` atomically and keep the newest ``keep``."""
+    """Write ``state`` as checkpoint ``state.step`` under ``run_dir/checkpoints`` atomically (a
+    temporary directory moved into place) and keep the newest ``keep``. ``policy`` writes the files
+    (its manifest names agents and settings)."""
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
+    final = root / f"step_{state.step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        policy.save(tmp / "policy")
-        torch.save({agent: opt.state_dict() for agent, opt in optimizers.items()}, tmp / "optimizers.pt")
-        state = rng_state(rng)
-        torch.save({k: v for k, v in state.items() if k in ("torch", "cuda")}, tmp / "rng.pt")
+        policy.save(tmp / "policy", state.policy)
+        torch.save(state.optimizers, tmp / "optimizers.pt")
+        rng = state.rng
+        torch.save({k: v for k, v in rng.items() if k in ("torch", "cuda")}, tmp / "rng.pt")
         trainer = {
             "format": CHECKPOINT_FORMAT,
             "learner": learner,
-            "step": int(step),
+            "step": state.step,
             "config": _jsonable(config),
-            "numpy_generator": state["numpy_generator"],
-            "numpy_global": _numpy_global_to_json(state["numpy_global"]),
-            "python": [state["python"][0], list(state["python"][1]), state["python"][2]],
-            "extra": dict(extra or {}),
+            "numpy_generator": rng["numpy_generator"],
+            "numpy_global": _numpy_global_to_json(rng["numpy_global"]),
+            "python": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
+            "extra": dict(state.extra),
         }
         (tmp / TRAINER_FILE).write_text(json.dumps(trainer, indent=1), encoding="utf-8")
-        if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a periodic save)
+        if final.exists():  # re-saving the same step (e.g. a resumed run that ends where it started)
             shutil.rmtree(final)
         os.replace(tmp, final)
     except BaseException:
@@ -273,6 +321,40 @@ def save_checkpoint(
     for path in old[: max(0, len(old) - (keep - 1))]:
         shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+def interrupted(
+    state: TrainerState | None,
+    run_dir: str | os.PathLike[str],
+    checkpoint: Any,
+    *,
+    wait: bool,
+) -> None:
+    """What a learner does on Ctrl-C: write ``state`` (the last iteration boundary's) with
+    ``checkpoint(state, step, wait=...)`` unless a checkpoint of that step exists already (the same
+    state, written at that boundary), and say where to resume from. ``state`` is ``None`` on ranks
+    other than 0, which save nothing (with several processes the others may be gone already)."""
+    if state is None:
+        return
+    if state.step in saved_steps(run_dir):
+        path = Path(run_dir) / "checkpoints" / f"step_{state.step:06d}"
+        print(f"\nInterrupted after iteration {state.step}: its checkpoint {path} is in place; continue with --resume")
+        return
+    path = checkpoint(state, state.step, wait=wait)
+    print(
+        f"\nInterrupted after iteration {state.step}: checkpoint saved to {path} (the unfinished iteration "
+        "was dropped); continue with --resume"
+    )
+
+
+def saved_steps(run_dir: str | os.PathLike[str]) -> list[int]:
+    """Steps of the complete checkpoints under ``run_dir/checkpoints``, ascending."""
+    root = Path(run_dir) / "checkpoints"
+    steps = []
+    for path in root.glob("step_*"):
+        if (path / TRAINER_FILE).is_file() and path.name[len("step_") :].isdigit():
+            steps.append(int(path.name[len("step_") :]))
+    return sorted(steps)
 
 
 def _numpy_global_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -545,6 +627,19 @@ class SequentialVectorEnv:
             env.close()
 
 
+def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:
+    """The agents and turns per episode of ``env_id`` built with ``kwargs`` (one env, closed again):
+    what a learner checks and builds its policy from before the envs (which take the policy's stop
+    ids) exist. Bad env arguments fail here, before a model is loaded."""
+    import llm_envs
+
+    env = llm_envs.make(env_id, **kwargs)
+    try:
+        return list(env.possible_agents), int(env.num_turns)
+    finally:
+        env.close()
+
+
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> Any:
     """A batch of ``num_envs`` envs: :class:`~llm_envs.core.vector.VectorEnv` for ids registered as
     parallel, :class:`SequentialVectorEnv` for sequential-only ids (CORY's)."""
@@ -642,6 +737,8 @@ def evaluate(
     Torch's RNG is forked so that evaluating never changes what training samples next."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
+    # The env ends a response where the policy stopped generating it (every EOS id of the model).
+    kwargs.setdefault("stop_token_ids", list(policy.eos_token_ids))
     venv = make_vector_env(env_id, num_problems * num_samples, **kwargs)
     total_problems = len(venv.envs[0].task.problems(split))
     if not 1 <= num_problems <= total_problems:
@@ -650,10 +747,9 @@ def evaluate(
         )
     components = list(venv.envs[0].task.reward_components)
     options = [{"task_index": i, "split": split} for i in range(num_problems) for _ in range(num_samples)]
-    was_training = policy.model.training
+    was_training = policy.training
     policy.eval()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+    with seeded(seed), torch.no_grad():
         _, returns, infos = play_episodes(
             policy,
             venv,

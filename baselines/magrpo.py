@@ -520,10 +520,13 @@ def main(config: Config) -> dict[str, float]:
     from baselines import distributed
     from baselines.common import (
         MetricLogger,
+        TrainerState,
         check_run_dir,
         evaluate,
+        interrupted,
         load_checkpoint,
         plot_metrics,
+        probe_env,
         save_checkpoint,
         seed_everything,
     )
@@ -554,9 +557,7 @@ def main(config: Config) -> dict[str, float]:
     positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
     n_envs = config.num_problems * config.num_generations
     n_local = len(positions) * config.num_generations
-    venv = VectorEnv(config.env, n_local, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
-    agents = list(venv.possible_agents)
-    n_train = len(venv.envs[0].task.problems("train"))
+    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
     devices = distributed.device_for(config.placement, agents, info, config.device)
     policy = distributed.build_policy(
         agents,
@@ -567,6 +568,15 @@ def main(config: Config) -> dict[str, float]:
         # PEFT's mixed-adapter batches measured 4.5x slower than one generate call per agent on CPU.
         mixed_batches=False,
     )
+    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
+    venv = VectorEnv(
+        config.env,
+        n_local,
+        max_new_tokens=config.max_new_tokens,
+        stop_token_ids=list(policy.eos_token_ids),
+        **config.env_kwargs(),
+    )
+    n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
 
     start = 0
@@ -619,31 +629,22 @@ def main(config: Config) -> dict[str, float]:
         distributed.barrier()
         return result
 
-    def checkpoint(step: int, wait: bool = True) -> Path:
+    def boundary(step: int) -> TrainerState | None:
+        """The state after iteration ``step`` (rank 0 only: it alone writes checkpoints)."""
+        if not main_rank:
+            return None
+        return TrainerState.capture(step=step, policy=policy, optimizers=optimizers, rng=rng, extra=extra)
+
+    def checkpoint(state: TrainerState | None, step: int, wait: bool = True) -> Path:
         path = run_dir / "checkpoints" / f"step_{step:06d}"
         if wait:
             distributed.check_in_sync(all_params, "adapter weights")
-        if main_rank:
-            path = save_checkpoint(
-                run_dir,
-                step=step,
-                learner=LEARNER,
-                config=config,
-                policy=policy,
-                optimizers=optimizers,
-                rng=rng,
-                extra=extra,
-            )
+        if state is not None:
+            path = save_checkpoint(run_dir, state, learner=LEARNER, config=config, policy=policy)
         if wait:
             distributed.barrier()  # nobody reads or resumes from a half-written checkpoint
         return path
 
-    if "eval_before" not in extra:
-        before = run_eval()
-        if main_rank:
-            extra["eval_before"] = before
-        if before:
-            log(0, before)
     metrics: dict[str, float] = {}
     bar = tqdm(
         range(start, config.num_iterations),
@@ -654,8 +655,17 @@ def main(config: Config) -> dict[str, float]:
         dynamic_ncols=True,
     )
     step = start
+    # Ctrl-C saves the last iteration boundary's state, never a half-done iteration.
+    state = boundary(start)
     policy.train()
     try:
+        if "eval_before" not in extra:
+            before = run_eval()
+            if main_rank:
+                extra["eval_before"] = before
+            if before:
+                log(0, before)
+            state = boundary(start)
         for iteration in bar:
             t0 = time.perf_counter()
             problems = rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
@@ -712,23 +722,21 @@ def main(config: Config) -> dict[str, float]:
                 metrics.update(run_eval())
             log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
+            state = boundary(step)
             if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
-                checkpoint(step)
+                checkpoint(state, step)
+        bar.close()
+        final_eval = run_eval()
     except KeyboardInterrupt:
         bar.close()
-        # The other ranks may be gone already: rank 0 saves without waiting for them.
-        path = checkpoint(step, wait=not info.distributed)
+        interrupted(state, run_dir, checkpoint, wait=not info.distributed)
         if logger is not None:
             logger.close()
-        if main_rank:
-            print(f"\nInterrupted at iteration {step}: checkpoint saved to {path}; continue with --resume")
         raise
-    bar.close()
 
-    final_eval = run_eval()
     if final_eval:
         log(step, final_eval)
-    checkpoint(step)
+    checkpoint(state, step)
     if logger is not None:
         logger.close()
     result = dict(metrics)

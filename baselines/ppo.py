@@ -573,12 +573,15 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     from baselines import distributed
     from baselines.common import (
         MetricLogger,
+        TrainerState,
         check_run_dir,
         evaluate,
+        interrupted,
         load_checkpoint,
         make_vector_env,
         play_episodes,
         plot_metrics,
+        probe_env,
         save_checkpoint,
         seed_everything,
     )
@@ -604,13 +607,11 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     distributed.barrier()  # every rank has checked the directory before rank 0 writes to it
     rng = seed_everything(config.seed)
     positions = distributed.shard(range(config.batch_size))  # this rank's episodes of each batch
-    venv = make_vector_env(config.env, len(positions), max_new_tokens=config.max_new_tokens, **config.env_kwargs())
-    roles = list(venv.possible_agents)
-    if venv.envs[0].num_turns != 1:
-        raise ValueError(f"{learner} trains single-turn episodes; {config.env} has num_turns={venv.envs[0].num_turns}")
+    roles, num_turns = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
+    if num_turns != 1:
+        raise ValueError(f"{learner} trains single-turn episodes; {config.env} has num_turns={num_turns}")
     models = list(roles if models is None else models)
     assign = assign or (lambda _iteration: {r: r for r in roles})
-    n_train = len(venv.envs[0].task.problems("train"))
     policy = MultiAgentPolicy.from_pretrained(
         models,
         config.model,
@@ -620,6 +621,15 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         value_head=True,
         mixed_batches=False,  # PEFT's mixed-adapter batches measured 4.5x slower on CPU
     )
+    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
+    venv = make_vector_env(
+        config.env,
+        len(positions),
+        max_new_tokens=config.max_new_tokens,
+        stop_token_ids=list(policy.eos_token_ids),
+        **config.env_kwargs(),
+    )
+    n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in models}
     controllers = {m: kl_controller(config) for m in models}
 
@@ -677,32 +687,24 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         distributed.barrier()
         return result
 
-    def checkpoint(step: int, wait: bool = True) -> Path:
+    def boundary(step: int) -> TrainerState | None:
+        """The state after iteration ``step``, KL coefficients included (rank 0 only: it alone writes
+        checkpoints)."""
+        if not main_rank:
+            return None
         extra["kl_coef"] = {m: c.value for m, c in controllers.items()}
+        return TrainerState.capture(step=step, policy=policy, optimizers=optimizers, rng=rng, extra=extra)
+
+    def checkpoint(state: TrainerState | None, step: int, wait: bool = True) -> Path:
         path = run_dir / "checkpoints" / f"step_{step:06d}"
         if wait:
             distributed.check_in_sync(all_params, "adapter and value-head weights")
-        if main_rank:
-            path = save_checkpoint(
-                run_dir,
-                step=step,
-                learner=learner,
-                config=config,
-                policy=policy,
-                optimizers=optimizers,
-                rng=rng,
-                extra=extra,
-            )
+        if state is not None:
+            path = save_checkpoint(run_dir, state, learner=learner, config=config, policy=policy)
         if wait:
             distributed.barrier()  # nobody reads or resumes from a half-written checkpoint
         return path
 
-    if "eval_before" not in extra:
-        before = run_eval(start)
-        if main_rank:
-            extra["eval_before"] = before
-        if before:
-            log(0, before)
     bar = tqdm(
         range(start, config.num_iterations),
         initial=start,
@@ -713,8 +715,17 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     )
     metrics: dict[str, float] = {}
     step = start
+    # Ctrl-C saves the last iteration boundary's state, never a half-done iteration.
+    state = boundary(start)
     policy.train()
     try:
+        if "eval_before" not in extra:
+            before = run_eval(start)
+            if main_rank:
+                extra["eval_before"] = before
+            if before:
+                log(0, before)
+            state = boundary(start)
         for iteration in bar:
             t0 = time.perf_counter()
             players = assign(iteration)  # role -> model
@@ -797,23 +808,21 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             bar.set_postfix(
                 reward=f"{metrics['reward/total']:.3f}", kl=f"{metrics['losses/kl']:.2f}", s_it=f"{elapsed:.1f}"
             )
+            state = boundary(step)
             if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
-                checkpoint(step)
+                checkpoint(state, step)
+        bar.close()
+        final_eval = run_eval(step)
     except KeyboardInterrupt:
         bar.close()
-        # The other ranks may be gone already: rank 0 saves without waiting for them.
-        path = checkpoint(step, wait=not info.distributed)
+        interrupted(state, run_dir, checkpoint, wait=not info.distributed)
         if logger is not None:
             logger.close()
-        if main_rank:
-            print(f"\nInterrupted at iteration {step}: checkpoint saved to {path}; continue with --resume")
         raise
-    bar.close()
 
-    final_eval = run_eval(step)
     if final_eval:
         log(step, final_eval)
-    checkpoint(step)
+    checkpoint(state, step)
     if logger is not None:
         logger.close()
     result: dict[str, Any] = dict(metrics)

@@ -69,6 +69,7 @@ ENV_KWARGS = (
     "prompt_overflow",
     "step_unit",
     "obs_format",
+    "stop_token_ids",
 )
 """Keyword arguments that belong to the env; every other ``make`` kwarg goes to the task."""
 
@@ -77,6 +78,19 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
+
+
+def _check_stop_ids(ids: Any, vocab_size: int) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset, np.ndarray)):
+        raise ValueError(f"stop_token_ids must be a sequence of token ids, got {ids!r}.")
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
+            raise ValueError(f"stop_token_ids must hold token ids in [0, {vocab_size - 1}], got {t!r} in {ids!r}.")
+        out.append(int(t))
+    return out
 
 
 class LLMEnvCore:
@@ -100,6 +114,10 @@ class LLMEnvCore:
         step_unit: ``"response"`` (default: one response per step) or ``"token"`` (one token per
             step, ``Discrete(V)`` actions and an ``action_mask``); see the module docstring.
         obs_format: ``"dict"`` (default) or ``"flat"`` (one int64 vector); see the module docstring.
+        stop_token_ids: token ids that end a response besides the tokenizer's EOS and pad ids, e.g.
+            every EOS id of a model's generation config (Llama 3 Instruct: ``<|eot_id|>``,
+            ``<|eom_id|>``, ``<|end_of_text|>``). Pass the policy's ``eos_token_ids`` so that the env
+            cuts a response exactly where the policy stopped generating it.
     """
 
     metadata: dict[str, Any]
@@ -119,6 +137,7 @@ class LLMEnvCore:
         prompt_overflow: str = "error",
         step_unit: str = "response",
         obs_format: str = "dict",
+        stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(task, Task):
             raise TypeError(f"task must be a llm_envs Task, got {type(task).__name__}.")
@@ -162,7 +181,9 @@ class LLMEnvCore:
                 "The tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token before making the env."
             )
         self.pad_token_id = int(pad)
-        self.stop_token_ids = frozenset(int(t) for t in (eos, pad) if t is not None)
+        self.stop_token_ids = frozenset(
+            [int(t) for t in (eos, pad) if t is not None] + _check_stop_ids(stop_token_ids, self.vocab_size)
+        )
         has_template = bool(getattr(tok, "chat_template", None))
         wanted = task.use_chat_template if chat_template is None else chat_template
         if chat_template and not has_template:
