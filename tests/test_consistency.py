@@ -92,7 +92,8 @@ def test_ppo_kl_is_zero_before_the_first_update(tokenizer):
 
 
 def test_lora_dropout_follows_train_mode(tokenizer):
-    policy = MultiAgentPolicy(tiny_gpt2(tokenizer, dropout=0.0), tokenizer, ["agent"], lora=LoraSettings(rank=4, dropout=0.5))
+    lora = LoraSettings(rank=4, dropout=0.5)
+    policy = MultiAgentPolicy(tiny_gpt2(tokenizer, dropout=0.0), tokenizer, ["agent"], lora=lora)
     dropouts = [m for m in policy.model.modules() if isinstance(m, torch.nn.Dropout) and m.p == 0.5]
     assert dropouts
     policy.train()
@@ -111,7 +112,8 @@ def test_evaluate_restores_every_generator(monkeypatch, tiny_model_dir):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device=0: states[int(device)].clone())
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device=0: states.__setitem__(int(device), state))
-    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: states.update({d: torch.tensor([seed]) for d in states}))
+    reseed = lambda seed: states.update({d: torch.tensor([seed]) for d in states})  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseed)
     monkeypatch.setattr(torch.cuda, "manual_seed", lambda seed: states.__setitem__(0, torch.tensor([seed])))
     cpu = torch.get_rng_state()
     evaluate(policy, "writing/xsum-v0", num_problems=1, max_new_tokens=4, seed=1234,
