@@ -64,6 +64,7 @@ from agents.models import load_model
 from llm_envs.tokenizers import load_tokenizer
 
 CHECKPOINT_FORMAT = "llm-envs-policy-v1"
+BACKENDS = ("auto", "engine", "generate")
 MANIFEST_NAME = "policy.json"
 
 ArrayLike = torch.Tensor | np.ndarray
@@ -180,14 +181,15 @@ class _LogProbRecorder:
     last step is read by :meth:`finish`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, temperature: float = 1.0) -> None:
         self._previous: torch.Tensor | None = None
         self.steps: list[torch.Tensor] = []
+        self.temperature = temperature
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self._previous is not None:
             self.steps.append(self._previous.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self._previous = torch.log_softmax(scores.float(), dim=-1)
+        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
     def finish(self, response_ids: torch.Tensor) -> torch.Tensor:
@@ -213,8 +215,11 @@ class MultiAgentPolicy:
         lora: adapter settings, or ``None`` for full fine-tuning of a single agent.
         value_head: add a trainable ``Linear(hidden, 1)`` per agent (PPO, CORY).
         sampling: defaults for :meth:`act`.
-        mixed_batches: let :meth:`generate_joint` and :meth:`act` run all agents' rows through one
-            ``generate`` call (PEFT mixed-adapter batches) instead of one call per agent.
+        mixed_batches: with the ``generate`` backend, run all agents' rows through one ``generate``
+            call (PEFT mixed-adapter batches) instead of one call per agent.
+        backend: ``"auto"`` (default): the rollout engine (:mod:`agents.engine`: all agents' rows in
+            one decode loop) when it supports the model, else ``transformers``' ``generate``;
+            ``"engine"`` (an error if unsupported) or ``"generate"``.
     """
 
     def __init__(
@@ -227,8 +232,11 @@ class MultiAgentPolicy:
         value_head: bool = False,
         sampling: Sampling = Sampling(),
         mixed_batches: bool = True,
+        backend: str = "auto",
     ) -> None:
         self.agents: tuple[str, ...] = _check_agent_names(agents)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if lora is not None and not isinstance(lora, LoraSettings):
             raise TypeError(f"lora must be a LoraSettings or None (full fine-tuning), got {lora!r}")
         if lora is None and len(self.agents) != 1:
@@ -295,6 +303,18 @@ class MultiAgentPolicy:
         ]
         self._training = False
         self.model.eval()
+        from agents.engine import RolloutEngine, engine_support
+
+        self.engine: RolloutEngine | None = None
+        reason = engine_support(self.model) if backend != "generate" else "backend='generate' was chosen"
+        if backend == "engine" and reason is not None:
+            raise ValueError(f"backend='engine' cannot decode this model: {reason}; use backend='generate'")
+        if reason is None:
+            self.engine = RolloutEngine(self.model, trainable_base=lora is None)
+        self.backend = "engine" if self.engine is not None else "generate"
+        """The generation backend in use: ``"engine"`` or ``"generate"``."""
+        self.backend_reason = reason
+        """Why the engine is not in use (``None`` when it is)."""
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
@@ -579,11 +599,15 @@ class MultiAgentPolicy:
         top_k: int = 0,
         repetition_penalty: float = 1.0,
         greedy: bool = False,
+        logprob_temperature: float = 1.0,
+        seeds: Sequence[int] | None = None,
     ) -> Generation:
-        """Sample ``num_samples`` responses per prompt with ``agent``'s adapter, all in one ``generate`` call.
+        """Sample ``num_samples`` responses per prompt with ``agent``'s adapter, in one batched decode.
 
         Prompts are (B, P) left-padded rows; see :class:`Generation` for the outputs and the module docs
-        for what the log-probs are. Sampling draws from torch's global RNG (``torch.manual_seed``).
+        for what the log-probs are. Sampling draws from torch's global RNG (``torch.manual_seed``), or
+        from one generator per row when ``seeds`` (one per prompt row) are given; see
+        :meth:`generate_joint`.
         """
         return self.generate_joint(
             {agent: (prompt_ids, prompt_mask)},
@@ -594,6 +618,8 @@ class MultiAgentPolicy:
             top_k=top_k,
             repetition_penalty=repetition_penalty,
             greedy=greedy,
+            logprob_temperature=logprob_temperature,
+            seeds=seeds,
         )[agent]
 
     def generate_joint(
@@ -607,22 +633,40 @@ class MultiAgentPolicy:
         top_k: int = 0,
         repetition_penalty: float = 1.0,
         greedy: bool = False,
+        logprob_temperature: float = 1.0,
+        seeds: Sequence[int] | None = None,
     ) -> dict[str, Generation]:
         """:meth:`generate` for several agents: ``{agent: (prompt_ids, prompt_mask)}`` in, ``{agent:
-        Generation}`` out. With ``mixed_batches`` the rows of all agents go through one ``generate``
-        call, each row with its own adapter; otherwise one call per agent."""
+        Generation}`` out. With the engine every agent's rows share one decode loop, each row with its
+        own adapter; with ``generate``, one call per agent (or one PEFT mixed batch).
+
+        ``seeds``: one int per prompt row (every agent has the same number of rows); sample g of row b
+        of an agent is then drawn from its own generator seeded from (``seeds[b]``, the agent's index
+        in the policy, g), so it does not depend on the rest of the batch. Unset: torch's global RNG.
+        ``logprob_temperature``: the recorded log-probs are of ``softmax(logits / logprob_temperature)``
+        (1: the raw policy; the sampling temperature: the tempered policy, as TRL scores)."""
         if not isinstance(prompts, Mapping) or not prompts:
             raise ValueError(f"prompts must be a non-empty mapping agent -> (prompt_ids, prompt_mask), got {prompts!r}")
         if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         _check_sampling(max_new_tokens, temperature, top_p, top_k, repetition_penalty)
+        if not isinstance(logprob_temperature, (int, float)) or not logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature!r}")
         rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for agent, pair in prompts.items():
             self._check_agent(agent)
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise ValueError(f"prompts[{agent!r}] must be a (prompt_ids, prompt_mask) tuple, got {type(pair)}")
-            ids, mask = self._rows(*pair, "prompt")
-            rows[agent] = (ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0))
+            rows[agent] = self._rows(*pair, "prompt")
+        if seeds is not None:
+            counts = {len(ids) for ids, _ in rows.values()}
+            if len(counts) != 1 or len(seeds) != counts.pop():
+                raise ValueError(
+                    f"seeds must hold one int per prompt row and every agent the same number of rows; got "
+                    f"{len(seeds)} seeds for rows {({a: len(r[0]) for a, r in rows.items()})}"
+                )
+            if any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0 for x in seeds):
+                raise ValueError(f"seeds must be ints >= 0, got {list(seeds)[:8]}")
         settings = dict(
             max_new_tokens=max_new_tokens,
             temperature=temperature,
@@ -630,7 +674,110 @@ class MultiAgentPolicy:
             top_k=top_k,
             repetition_penalty=repetition_penalty,
             greedy=greedy,
+            logprob_temperature=logprob_temperature,
         )
+        if self.engine is not None:
+            return self._engine_generate(rows, num_samples, seeds, settings)
+        if seeds is not None:
+            return self._generate_seeded(rows, num_samples, seeds, settings)
+        return self._generate_hf(rows, num_samples, settings)
+
+    def _engine_generate(
+        self,
+        rows: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        num_samples: int,
+        seeds: Sequence[int] | None,
+        settings: Mapping[str, Any],
+    ) -> dict[str, Generation]:
+        from agents.engine import Block, row_seed
+
+        names = list(rows)
+        width = max(rows[a][0].shape[1] for a in names)
+        ids = torch.cat([_left_pad(rows[a][0], width, self.pad_token_id) for a in names])
+        mask = torch.cat([_left_pad(rows[a][1], width, 0) for a in names])
+        blocks = [Block(a if self.lora is not None else None, len(rows[a][0])) for a in names]
+        row_seeds = None
+        if seeds is not None:
+            row_seeds = [
+                row_seed(int(seeds[b]), self.agents.index(a), g)
+                for a in names
+                for b in range(len(rows[a][0]))
+                for g in range(num_samples)
+            ]
+        r_ids, r_mask, r_logprobs = self.engine.generate(
+            ids,
+            mask,
+            blocks,
+            num_samples=num_samples,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            seeds=row_seeds,
+            **settings,
+        )
+        out: dict[str, Generation] = {}
+        start = 0
+        for agent in names:
+            p_ids, p_mask = rows[agent]
+            n = len(p_ids) * num_samples
+            out[agent] = Generation(
+                agent=agent,
+                num_samples=num_samples,
+                prompt_ids=p_ids.repeat_interleave(num_samples, 0),
+                prompt_mask=p_mask.repeat_interleave(num_samples, 0),
+                response_ids=r_ids[start : start + n],
+                response_mask=r_mask[start : start + n],
+                logprobs=r_logprobs[start : start + n],
+            )
+            start += n
+        return out
+
+    def _generate_seeded(
+        self,
+        rows: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        num_samples: int,
+        seeds: Sequence[int],
+        settings: Mapping[str, Any],
+    ) -> dict[str, Generation]:
+        """The ``generate`` backend with per-row seeds: one prompt row (of every agent) at a time, each
+        under its own seed in a forked RNG, its padding stripped to its own prompt."""
+        from agents.engine import row_seed
+
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        parts = []
+        for b, seed in enumerate(seeds):
+            one = {}
+            for agent, (ids, mask) in rows.items():
+                keep = int(mask[b].sum())
+                one[agent] = (ids[b : b + 1, ids.shape[1] - keep :], mask[b : b + 1, mask.shape[1] - keep :])
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(row_seed(int(seed), 0, 0))
+                parts.append(self._generate_hf(one, num_samples, settings))
+        out = {}
+        for agent in rows:
+            gens = [part[agent] for part in parts]
+            width = max(g.prompt_ids.shape[1] for g in gens)
+            length = max(g.response_ids.shape[1] for g in gens)
+            out[agent] = Generation(
+                agent=agent,
+                num_samples=num_samples,
+                prompt_ids=torch.cat([_left_pad(g.prompt_ids, width, self.pad_token_id) for g in gens]),
+                prompt_mask=torch.cat([_left_pad(g.prompt_mask, width, 0) for g in gens]),
+                response_ids=torch.cat([_right_pad(g.response_ids, length, self.pad_token_id) for g in gens]),
+                response_mask=torch.cat([_right_pad(g.response_mask, length, 0) for g in gens]),
+                logprobs=torch.cat([_right_pad(g.logprobs, length, 0.0) for g in gens]),
+            )
+        return out
+
+    def _generate_hf(
+        self,
+        rows: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        num_samples: int,
+        settings: Mapping[str, Any],
+    ) -> dict[str, Generation]:
+        rows = {
+            a: (ids.repeat_interleave(num_samples, 0), m.repeat_interleave(num_samples, 0))
+            for a, (ids, m) in rows.items()
+        }
         if len(rows) > 1 and self.mixed_batches and self.lora is not None:
             groups = [list(rows)]
         else:
@@ -670,6 +817,7 @@ class MultiAgentPolicy:
         top_k: int,
         repetition_penalty: float,
         greedy: bool,
+        logprob_temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.logits_process import (
@@ -679,7 +827,7 @@ class MultiAgentPolicy:
             TopPLogitsWarper,
         )
 
-        recorder = _LogProbRecorder()
+        recorder = _LogProbRecorder(logprob_temperature)
         # Our processors run after generate's own (none, with this config) and in this order; the
         # recorder comes first so it sees the raw logits.
         processors = LogitsProcessorList([recorder])
@@ -960,6 +1108,12 @@ def _left_pad(rows: torch.Tensor, width: int, value: int) -> torch.Tensor:
     if rows.shape[1] == width:
         return rows
     return torch.cat([rows.new_full((len(rows), width - rows.shape[1]), value), rows], dim=1)
+
+
+def _right_pad(rows: torch.Tensor, width: int, value: float) -> torch.Tensor:
+    if rows.shape[1] == width:
+        return rows
+    return torch.cat([rows, rows.new_full((len(rows), width - rows.shape[1]), value)], dim=1)
 
 
 def _lora_json(lora: LoraSettings) -> dict[str, Any]:

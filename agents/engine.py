@@ -1,0 +1,528 @@
+"""The rollout engine: every agent's rows in one decode loop, each row with its own LoRA adapter.
+
+At RL batch sizes a decode step costs what reading the weights and launching its ops cost, not what
+its rows cost (docs/agents.md has the measurements): 8 rows cost what 4 cost. So the engine decodes
+the rows of *all* agents together, through one forward per step of a hand-written decoder for the
+Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) that needs few, large ops:
+
+- the frozen base's q/k/v and gate/up projections run as one matmul each (their weights are laid
+  out contiguously once, with no copy kept: the model's own weights become views of the fused ones);
+- each agent's LoRA is applied to its block of rows with two batched matmuls per fused projection
+  (``(blocks, rows, in) @ (blocks, in, r)`` then ``@ (blocks, r, out)``, scale folded in); rows are
+  grouped by agent, so a batch of two agents costs two extra small matmuls per projection, not a
+  Python loop over adapters per layer as PEFT's mixed batches do;
+- a static KV cache (one allocation per call), RoPE computed once per step for all layers,
+  ``scaled_dot_product_attention`` with grouped KV heads;
+- a prompt shared by several rows (the G samples of one problem, or rows repeated by the caller) is
+  prefilled once and its cache copied to those rows;
+- rows that have emitted an EOS id leave the LM head and the sampler: only live rows pay for the
+  vocabulary-sized work.
+
+Sampling matches ``transformers``' ``generate`` with the same processors, in the same order:
+repetition penalty, temperature, top-k, top-p (ties and the always-kept most likely token as there),
+then a draw; greedy decoding takes the arg-max of the processed logits. The log-prob recorded for
+each sampled token is ``log_softmax`` of the *raw* logits (divided by ``logprob_temperature``; 1 by
+default), the quantity :meth:`agents.policy.MultiAgentPolicy.logprobs` recomputes.
+
+Draws use one uniform number per row and step (inverse-CDF sampling): from torch's global generator,
+or, when ``seeds`` are given, from one generator per row seeded from (seed, agent, sample), so a row's
+samples do not depend on what else is in the batch (data-parallel ranks, PPO's per-episode seeds).
+
+Models of other architectures (GPT-2, OPT, Phi, Qwen3, Gemma, ...), or adapters the engine does not
+implement (DoRA, rank-stabilised scaling is fine), use ``transformers``' ``generate`` instead
+(:func:`engine_support` says why); ``MultiAgentPolicy(backend="generate")`` selects it always.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""``config.model_type`` values the engine decodes itself."""
+
+
+def engine_support(model: Any) -> str | None:
+    """``None`` when the engine can decode ``model`` (a causal LM, possibly wrapped by PEFT), else the
+    reason it cannot (then the policy falls back to ``model.generate``)."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal_lm.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (the engine implements SiLU-gated MLPs)"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) is not False:
+        if kind == "mistral" or getattr(config, "use_sliding_window", False):
+            return "sliding-window attention"
+    layers = getattr(getattr(causal_lm, "model", None), "layers", None)
+    if layers is None or not hasattr(causal_lm, "lm_head"):
+        return "the model has no model.layers / lm_head layout"
+    attn = layers[0].self_attn
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return "q/k normalisation (Qwen3-style attention)"
+    for module in causal_lm.modules():
+        magnitude = getattr(module, "lora_magnitude_vector", None)
+        if magnitude is not None and len(magnitude):
+            return "DoRA adapters"
+    if hasattr(causal_lm.lm_head, "base_layer"):
+        return "a LoRA adapter on the LM head"
+    return None
+
+
+def row_seed(seed: int, agent_index: int, sample: int) -> int:
+    """The seed of one row's generator: prompt row seed, the agent's index in the policy and the
+    sample number, mixed (``numpy.random.SeedSequence``) so nearby seeds give unrelated streams."""
+    return int(np.random.SeedSequence([int(seed), int(agent_index), int(sample)]).generate_state(1)[0])
+
+
+@dataclass
+class Block:
+    """Consecutive rows of one agent: ``adapter`` is the PEFT adapter name, or ``None`` for the base."""
+
+    adapter: str | None
+    rows: int
+
+
+@dataclass
+class _Projection:
+    """One fused frozen projection and the modules it stands for (to find their LoRA weights)."""
+
+    weight: torch.Tensor  # (out_total, in)
+    bias: torch.Tensor | None
+    modules: list[Any]
+    sizes: list[int]
+
+
+def _base(module: Any) -> Any:
+    return module.base_layer if hasattr(module, "base_layer") else module
+
+
+class RolloutEngine:
+    """Batched multi-adapter decoding for one Llama-family causal LM (possibly wrapped by PEFT).
+
+    Built once per policy; :meth:`generate` is called with rows grouped by agent. The base model's
+    weights are fused in place the first time (q/k/v and gate/up become views of one tensor each),
+    and again if they were replaced (``model.to(...)``); with ``trainable_base`` (full fine-tuning)
+    the fused weights are copies made per call instead, so training never sees views.
+    """
+
+    def __init__(self, model: Any, *, trainable_base: bool = False) -> None:
+        reason = engine_support(model)
+        if reason is not None:
+            raise ValueError(f"the rollout engine cannot decode this model: {reason}")
+        self.model = model
+        self.causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.trainable_base = trainable_base
+        config = self.causal_lm.config
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        hidden = int(config.hidden_size)
+        self.head_dim = int(getattr(config, "head_dim", None) or hidden // self.num_heads)
+        self.eps = float(config.rms_norm_eps)
+        self._fused: list[dict[str, _Projection]] | None = None
+
+    # ------------------------------------------------------------------ weights
+    def _fuse(self, modules: list[Any]) -> _Projection:
+        bases = [_base(m) for m in modules]
+        weights = [b.weight for b in bases]
+        biases = [b.bias for b in bases]
+        sizes = [int(w.shape[0]) for w in weights]
+        with torch.no_grad():
+            if len(weights) == 1:
+                weight = weights[0].detach()
+            elif self.trainable_base:
+                weight = torch.cat([w.detach() for w in weights])
+            else:
+                weight = torch.cat([w.detach() for w in weights])
+                start = 0
+                for b, size in zip(bases, sizes):
+                    b.weight.data = weight[start : start + size]  # a view: no second copy of the base
+                    start += size
+            bias = None
+            if any(x is not None for x in biases):
+                bias = torch.cat(
+                    [x.detach() if x is not None else w.new_zeros(w.shape[0]) for x, w in zip(biases, weights)]
+                )
+        return _Projection(weight, bias, modules, sizes)
+
+    def _weights(self) -> list[dict[str, _Projection]]:
+        layers = self.causal_lm.model.layers
+        fused = self._fused
+        if fused is not None and not self.trainable_base:
+            q = _base(layers[0].self_attn.q_proj).weight
+            down = _base(layers[-1].mlp.down_proj).weight
+            if q.data_ptr() == fused[0]["qkv"].weight.data_ptr() and down.data_ptr() == fused[-1][
+                "down"
+            ].weight.data_ptr():
+                return fused
+        fused = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            fused.append(
+                {
+                    "qkv": self._fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                    "o": self._fuse([attn.o_proj]),
+                    "gate_up": self._fuse([mlp.gate_proj, mlp.up_proj]),
+                    "down": self._fuse([mlp.down_proj]),
+                }
+            )
+        if not self.trainable_base:
+            self._fused = fused
+        return fused
+
+    def _lora(
+        self, proj: _Projection, blocks: Sequence[Block], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Stacked LoRA factors of ``proj`` for each block: A (n_blocks, in, R) and B (n_blocks, R, out)
+        with the scaling folded into B and the modules' ranks side by side (B block-diagonal).
+        ``None`` when no block has an adapter on this projection."""
+        n_in = proj.weight.shape[1]
+        out_total = proj.weight.shape[0]
+        per_module: list[list[tuple[torch.Tensor, torch.Tensor] | None]] = []
+        rank_of: list[int] = [0] * len(proj.modules)
+        any_lora = False
+        for block in blocks:
+            row = []
+            for j, module in enumerate(proj.modules):
+                lora_a = getattr(module, "lora_A", None)
+                if block.adapter is None or lora_a is None or block.adapter not in lora_a:
+                    row.append(None)
+                    continue
+                a = module.lora_A[block.adapter].weight  # (r, in)
+                b = module.lora_B[block.adapter].weight * module.scaling[block.adapter]  # (out, r)
+                rank_of[j] = max(rank_of[j], int(a.shape[0]))
+                row.append((a, b))
+                any_lora = True
+            per_module.append(row)
+        if not any_lora:
+            return None
+        total_rank = sum(rank_of)
+        device = proj.weight.device
+        a_stack = torch.zeros(len(blocks), n_in, total_rank, dtype=dtype, device=device)
+        b_stack = torch.zeros(len(blocks), total_rank, out_total, dtype=dtype, device=device)
+        for i, row in enumerate(per_module):
+            r0, o0 = 0, 0
+            for j, pair in enumerate(row):
+                if pair is not None:
+                    a, b = pair
+                    r = a.shape[0]
+                    a_stack[i, :, r0 : r0 + r] = a.detach().t().to(dtype)
+                    b_stack[i, r0 : r0 + r, o0 : o0 + proj.sizes[j]] = b.detach().t().to(dtype)
+                r0 += rank_of[j]
+                o0 += proj.sizes[j]
+        return a_stack, b_stack
+
+    # ------------------------------------------------------------------ forward
+    def _project(
+        self, x: torch.Tensor, proj: _Projection, lora: tuple[torch.Tensor, torch.Tensor] | None, blocks: list[int]
+    ) -> torch.Tensor:
+        """(N, S, in) -> (N, S, out): the frozen projection plus each row block's LoRA."""
+        out = F.linear(x, proj.weight, proj.bias)
+        if lora is None:
+            return out
+        a_stack, b_stack = lora
+        n, s = x.shape[0], x.shape[1]
+        if len(set(blocks)) == 1:
+            xs = x.reshape(len(blocks), blocks[0] * s, x.shape[-1])
+            delta = torch.bmm(torch.bmm(xs, a_stack), b_stack).view(n, s, -1)
+        else:
+            parts, start = [], 0
+            for i, rows in enumerate(blocks):
+                xs = x[start : start + rows].reshape(rows * s, x.shape[-1])
+                parts.append((xs @ a_stack[i]) @ b_stack[i])
+                start += rows
+            delta = torch.cat(parts).view(n, s, -1)
+        return out + delta
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # As transformers' LlamaRMSNorm (exactly, so fp32 greedy decoding matches generate).
+            return weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        # One fused op in half precision (it accumulates in float32).
+        return F.rms_norm(x, (x.shape[-1],), weight=weight, eps=self.eps)
+
+    def _layers(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        start: int,
+        attn_mask: torch.Tensor,
+        weights: list[dict[str, _Projection]],
+        loras: list[dict[str, Any]],
+        blocks: list[int],
+    ) -> torch.Tensor:
+        """Run every decoder layer on ``hidden`` (N, S, H) at cache columns ``start .. start+S-1``."""
+        n, s, _ = hidden.shape
+        h, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        layers = self.causal_lm.model.layers
+        half = hd // 2
+        for layer, w, lora, (k_cache, v_cache) in zip(layers, weights, loras, caches):
+            x = self._norm(hidden, layer.input_layernorm.weight)
+            qkv = self._project(x, w["qkv"], lora["qkv"], blocks).view(n, s, h + 2 * kvh, hd)
+            qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
+            # RoPE on q and k at once (rotate_half as in transformers).
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin
+            q = qk[:, :, :h].transpose(1, 2)  # (N, h, S, hd)
+            k_cache[:, :, start : start + s] = qk[:, :, h:].transpose(1, 2)
+            v_cache[:, :, start : start + s] = v.transpose(1, 2)
+            end = start + s
+            attn = F.scaled_dot_product_attention(
+                q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask, enable_gqa=kvh != h
+            )
+            attn = attn.transpose(1, 2).reshape(n, s, h * hd)
+            hidden = hidden + self._project(attn, w["o"], lora["o"], blocks)
+            x = self._norm(hidden, layer.post_attention_layernorm.weight)
+            gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
+            hidden = hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
+        return hidden
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (N, S, 1, hd) for ``positions`` (N, S), from the model's own rotary module."""
+        rotary = self.causal_lm.model.rotary_emb
+        probe = torch.empty(0, dtype=dtype, device=positions.device)
+        cos, sin = rotary(probe, positions)
+        return cos.to(dtype).unsqueeze(2), sin.to(dtype).unsqueeze(2)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        blocks: Sequence[Block],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        repetition_penalty: float = 1.0,
+        greedy: bool = False,
+        logprob_temperature: float = 1.0,
+        seeds: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample ``num_samples`` responses for each prompt row.
+
+        Args:
+            ids, mask: (B, P) left-padded prompts, grouped by agent as ``blocks`` says (each block's
+                ``rows`` counts prompts, before ``num_samples``).
+            seeds: one per *sample row* (B * num_samples, prompt-major), or ``None`` for torch's global
+                generator.
+
+        Returns (B*G, T) response ids (pad after the first EOS), masks (1 up to and including the
+        EOS) and raw log-probs (0 on pads), rows prompt-major within each block as the blocks go.
+        """
+        device = ids.device
+        dtype = self.causal_lm.get_input_embeddings().weight.dtype
+        weights = self._weights()
+        g = num_samples
+        n = len(ids) * g
+        eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)), device=device)
+
+        # Prefill each distinct prompt row once; rows repeated by the caller share it too.
+        row_blocks = [blk.rows * g for blk in blocks]
+        key = torch.cat([ids * mask, mask], dim=1)
+        block_of_row = torch.repeat_interleave(
+            torch.arange(len(blocks), device=device), torch.tensor([b.rows for b in blocks], device=device)
+        )
+        key = torch.cat([block_of_row[:, None], key], dim=1)
+        unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+        # torch.unique sorts: keep first-occurrence order so prefill blocks stay grouped by agent.
+        first = torch.full((len(unique),), len(ids), device=device, dtype=torch.long)
+        first.scatter_reduce_(0, inverse, torch.arange(len(ids), device=device), reduce="amin")
+        order = torch.argsort(first)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order), device=device)
+        source = first[order]  # prompt row of each prefill row, in order
+        prefill_of_row = rank[inverse]  # (B,) which prefill row serves each prompt row
+        pre_ids, pre_mask = ids[source], mask[source]
+        pre_counts = torch.bincount(block_of_row[source], minlength=len(blocks)).tolist()
+        pre_blocks = [Block(b.adapter, c) for b, c in zip(blocks, pre_counts) if c > 0]
+
+        width = ids.shape[1]
+        total = width + max_new_tokens
+        shape = (len(pre_ids), self.num_kv_heads, total, self.head_dim)
+        layers = self.causal_lm.model.layers
+        pre_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                      for _ in layers]
+        # Each block's adapter, stacked per projection; the same stacks serve the sample rows.
+        loras = [{k: self._lora(p, pre_blocks, dtype) for k, p in w.items()} for w in weights]
+        positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        cos, sin = self._rope(positions, dtype)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        diagonal = torch.eye(width, dtype=torch.bool, device=device)
+        # Pad queries attend to themselves only (so no row of the softmax is empty).
+        prefill_mask = (causal & pre_mask.bool()[:, None, :]) | diagonal
+        hidden = self.causal_lm.model.embed_tokens(pre_ids)
+        hidden = self._layers(
+            hidden, cos, sin, pre_caches, 0, prefill_mask[:, None], weights, loras, [b.rows for b in pre_blocks]
+        )
+        last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
+
+        # Every sample row gets its prompt's cache.
+        sample_source = prefill_of_row.repeat_interleave(g)  # (N,)
+        caches = [(k[sample_source], v[sample_source]) for k, v in pre_caches]
+        del pre_caches
+        block_rows = [r for r, c in zip(row_blocks, pre_counts) if c > 0]
+        last = last[sample_source]
+        history = ids.repeat_interleave(g, 0)  # for the repetition penalty, as generate's input_ids
+        key_mask = torch.zeros(n, total, dtype=torch.bool, device=device)
+        key_mask[:, :width] = mask.repeat_interleave(g, 0).bool()
+        position = positions[:, -1][sample_source]  # (N,) position of each row's last token
+
+        generators = None
+        if seeds is not None:
+            if len(seeds) != n:
+                raise ValueError(f"got {len(seeds)} seeds for {n} sample rows")
+            generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+        out_ids = torch.full((n, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
+        live = torch.ones(n, dtype=torch.bool, device=device)
+        lm_head = self.causal_lm.lm_head
+        steps = 0
+        for t in range(max_new_tokens):
+            active = live.nonzero().squeeze(1)
+            logits = lm_head(last[active, -1]).float()  # (A, V)
+            token, logprob = self._choose(
+                logits,
+                history[active],
+                generators=None if generators is None else [generators[i] for i in active.tolist()],
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                repetition_penalty=repetition_penalty,
+                greedy=greedy,
+                logprob_temperature=logprob_temperature,
+            )
+            out_ids[active, t] = token
+            out_logprobs[active, t] = logprob
+            live[active] = ~torch.isin(token, eos)
+            steps = t + 1
+            if t + 1 == max_new_tokens or not bool(live.any()):
+                break
+            # Finished rows keep stepping (the row blocks stay whole) on the pad id; their output is unused.
+            step_ids = out_ids[:, t : t + 1]
+            if repetition_penalty != 1.0:
+                history = torch.cat([history, step_ids], dim=1)
+            position = position + 1
+            key_mask[:, width + t] = True
+            cos, sin = self._rope(position[:, None], dtype)
+            hidden = self.causal_lm.model.embed_tokens(step_ids)
+            hidden = self._layers(
+                hidden, cos, sin, caches, width + t, key_mask[:, None, None, : width + t + 1], weights, loras,
+                block_rows,
+            )
+            last = self.causal_lm.model.norm(hidden)
+        response = out_ids[:, :steps]
+        logprobs = out_logprobs[:, :steps]
+        is_eos = torch.isin(response, eos)
+        after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+        response = response.masked_fill(after_eos, pad_token_id)
+        return response, (~after_eos).long(), logprobs.masked_fill(after_eos, 0.0)
+
+    @staticmethod
+    def _choose(
+        logits: torch.Tensor,
+        history: torch.Tensor,
+        *,
+        generators: list[torch.Generator] | None,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        repetition_penalty: float,
+        greedy: bool,
+        logprob_temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, V) raw logits -> chosen tokens (A,) and their log-probs under the raw policy."""
+        scaled = logits if logprob_temperature == 1.0 else logits / logprob_temperature
+        logp = torch.log_softmax(scaled, dim=-1)
+        scores = logits
+        if repetition_penalty != 1.0:
+            seen = scores.gather(1, history)
+            seen = torch.where(seen < 0, seen * repetition_penalty, seen / repetition_penalty)
+            scores = scores.scatter(1, history, seen)
+        if greedy:
+            token = scores.argmax(-1)
+            return token, logp.gather(1, token[:, None]).squeeze(1)
+        probs, indices = sampling_distribution(scores, temperature=temperature, top_k=top_k, top_p=top_p)
+        index = _draw(probs, generators)
+        token = index if indices is None else indices.gather(1, index[:, None]).squeeze(1)
+        return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+TOP_P_CANDIDATES = 1024
+"""Top-p without top-k looks at the 1024 most likely tokens first; rows whose top-p set is larger (a
+flat distribution) are handled over the whole vocabulary, so the result is exact either way."""
+
+
+def sampling_distribution(
+    scores: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What a row draws from, as transformers' temperature, top-k and top-p warpers leave it:
+    unnormalised probabilities (A, K) over candidate tokens ``indices`` (A, K), most likely first, or
+    over the whole vocabulary (``indices`` None) when nothing truncates it."""
+    if temperature != 1.0:
+        scores = scores / temperature
+    candidates = _candidates(scores, top_k, top_p)
+    if candidates is None:
+        return scores.softmax(-1), None
+    values, indices, normalizer = candidates
+    probs = (values - normalizer).exp()
+    if top_p < 1.0:
+        # Drop a token when the tokens more likely than it already hold top_p of the mass (the most
+        # likely token always stays), as TopPLogitsWarper does.
+        before = probs.cumsum(-1) - probs
+        probs = probs.masked_fill(before >= top_p, 0.0)
+    return probs, indices
+
+
+def _candidates(
+    scores: torch.Tensor, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The tokens that can be drawn, most likely first: (values, indices) of shape (A, K) and the log
+    normaliser (A, 1) of the distribution top-p reads (over the top-k tokens when top-k applies, as
+    transformers masks the rest first; else over the vocabulary). ``None`` when no truncation applies
+    (top_k 0, top_p 1). Sorting K candidates instead of the vocabulary is the difference between
+    ~0.1 ms and ~20 ms a step on CPU."""
+    vocab = scores.shape[-1]
+    if top_k > 0:
+        values, indices = torch.topk(scores, min(top_k, vocab), dim=-1)
+        # transformers keeps every token tied with the k-th: rare, but keep it exact.
+        tied = (scores == values[:, -1:]).sum(-1) > (values == values[:, -1:]).sum(-1)
+        if bool(tied.any()):
+            values, indices = torch.sort(scores.masked_fill(scores < values[:, -1:], float("-inf")), descending=True)
+        return values, indices, values.logsumexp(-1, keepdim=True)
+    if top_p >= 1.0:
+        return None
+    k = min(TOP_P_CANDIDATES, vocab)
+    normalizer = scores.logsumexp(-1, keepdim=True)
+    values, indices = torch.topk(scores, k, dim=-1)
+    if k < vocab and bool(((values - normalizer).exp().sum(-1) < top_p).any()):
+        values, indices = torch.sort(scores, dim=-1, descending=True)
+    return values, indices, normalizer
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator] | None) -> torch.Tensor:
+    """One index per row from unnormalised ``probs`` (A, K) by inverse CDF, with one uniform number
+    per row from torch's global generator or from the row's own."""
+    if generators is None:
+        u = 1.0 - torch.rand(len(probs), device=probs.device)
+    else:
+        u = torch.cat([1.0 - torch.rand(1, generator=gen, device=probs.device) for gen in generators])
+    cdf = probs.cumsum(-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1)).squeeze(1)
+    return index.clamp(max=probs.shape[-1] - 1)
