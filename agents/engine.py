@@ -35,6 +35,7 @@ implement (DoRA, rank-stabilised scaling is fine), use ``transformers``' ``gener
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,10 +78,11 @@ def engine_support(model: Any) -> str | None:
     return None
 
 
-def row_seed(seed: int, agent_index: int, sample: int) -> int:
-    """The seed of one row's generator: prompt row seed, the agent's index in the policy and the
-    sample number, mixed (``numpy.random.SeedSequence``) so nearby seeds give unrelated streams."""
-    return int(np.random.SeedSequence([int(seed), int(agent_index), int(sample)]).generate_state(1)[0])
+def row_seed(seed: int, agent: str, sample: int) -> int:
+    """The seed of one row's generator: the prompt row's seed, the agent's name and the sample number,
+    mixed (``numpy.random.SeedSequence``) so that nearby seeds give unrelated streams and two agents
+    answering the same prompt draw independently (whichever policy object holds them)."""
+    return int(np.random.SeedSequence([int(seed), zlib.crc32(agent.encode()), int(sample)]).generate_state(1)[0])
 
 
 @dataclass

@@ -641,8 +641,8 @@ class MultiAgentPolicy:
         own adapter; with ``generate``, one call per agent (or one PEFT mixed batch).
 
         ``seeds``: one int per prompt row (every agent has the same number of rows); sample g of row b
-        of an agent is then drawn from its own generator seeded from (``seeds[b]``, the agent's index
-        in the policy, g), so it does not depend on the rest of the batch. Unset: torch's global RNG.
+        of an agent is then drawn from its own generator seeded from (``seeds[b]``, the agent's
+        name, g), so it does not depend on the rest of the batch. Unset: torch's global RNG.
         ``logprob_temperature``: the recorded log-probs are of ``softmax(logits / logprob_temperature)``
         (1: the raw policy; the sampling temperature: the tempered policy, as TRL scores)."""
         if not isinstance(prompts, Mapping) or not prompts:
@@ -699,7 +699,7 @@ class MultiAgentPolicy:
         row_seeds = None
         if seeds is not None:
             row_seeds = [
-                row_seed(int(seeds[b]), self.agents.index(a), g)
+                row_seed(int(seeds[b]), a, g)
                 for a in names
                 for b in range(len(rows[a][0]))
                 for g in range(num_samples)
@@ -750,7 +750,7 @@ class MultiAgentPolicy:
                 keep = int(mask[b].sum())
                 one[agent] = (ids[b : b + 1, ids.shape[1] - keep :], mask[b : b + 1, mask.shape[1] - keep :])
             with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(row_seed(int(seed), 0, 0))
+                torch.manual_seed(row_seed(int(seed), "", 0))
                 parts.append(self._generate_hf(one, num_samples, settings))
         out = {}
         for agent in rows:

@@ -417,13 +417,13 @@ def generate_per_group(
     seeds: Sequence[int],
     **sampling: Any,
 ) -> dict[str, Any]:
-    """``policy.generate_joint(prompts, 1, **sampling)`` with rows taken ``group_size`` at a time, each
-    group under ``torch.manual_seed(seeds[k])`` inside a forked RNG (the global stream is untouched).
+    """``policy.generate_joint(prompts, 1, **sampling)`` with rows taken ``group_size`` at a time,
+    each group under its own seed ``seeds[k]`` (row j of the group: a generator seeded from
+    (``seeds[k]``, j, the agent)), all in one batched call; torch's global stream is untouched.
 
-    Each group's left padding is stripped to its own longest prompt, so a group's samples are the same
-    whatever else is in the batch. Returns ``{agent: Generation}`` of all rows in order: prompts
-    left-padded, responses right-padded to the batch's longest (pad id, mask 0, log-prob 0)."""
-    from agents.policy import Generation
+    A group's samples are therefore the same whatever else is in the batch (what makes ranks of a
+    data-parallel run agree with one process). Returns ``{agent: Generation}`` of all rows in order,
+    prompts stripped of the columns that are padding in every row."""
     from baselines.common import strip_left_padding
 
     rows = {len(pair[0]) for pair in prompts.values()}
@@ -432,42 +432,13 @@ def generate_per_group(
     (n,) = rows
     if group_size < 1 or n != group_size * len(seeds):
         raise ValueError(f"{n} prompt rows do not make {len(seeds)} groups of {group_size}")
-    devices = getattr(policy, "devices", None) or [getattr(policy, "device", torch.device("cpu"))]
-    cuda = sorted({torch.device(d).index or 0 for d in devices if torch.device(d).type == "cuda"})
-    parts: list[dict[str, Any]] = []
-    for k, seed in enumerate(seeds):
-        block = slice(k * group_size, (k + 1) * group_size)
-        group = {
-            a: tuple(torch.as_tensor(x) for x in strip_left_padding(ids[block], mask[block]))
-            for a, (ids, mask) in prompts.items()
-        }
-        with torch.random.fork_rng(devices=cuda):
-            torch.manual_seed(seed)
-            parts.append(policy.generate_joint(group, 1, **sampling))
-    pad = policy.pad_token_id
-    out = {}
-    for a in prompts:
-        gens = [p[a] for p in parts]
-        width = max(g.prompt_ids.shape[1] for g in gens)
-        length = max(g.response_ids.shape[1] for g in gens)
-        out[a] = Generation(
-            agent=a,
-            num_samples=1,
-            prompt_ids=torch.cat([_pad(g.prompt_ids, width, pad, left=True) for g in gens]),
-            prompt_mask=torch.cat([_pad(g.prompt_mask, width, 0, left=True) for g in gens]),
-            response_ids=torch.cat([_pad(g.response_ids, length, pad, left=False) for g in gens]),
-            response_mask=torch.cat([_pad(g.response_mask, length, 0, left=False) for g in gens]),
-            logprobs=torch.cat([_pad(g.logprobs, length, 0.0, left=False) for g in gens]),
-        )
-    return out
-
-
-def _pad(x: torch.Tensor, width: int, value: float, *, left: bool) -> torch.Tensor:
-    missing = width - x.shape[1]
-    if missing == 0:
-        return x
-    fill = x.new_full((x.shape[0], missing), value)
-    return torch.cat([fill, x] if left else [x, fill], dim=1)
+    row_seeds = [
+        int(np.random.SeedSequence([int(seed), j]).generate_state(1)[0]) for seed in seeds for j in range(group_size)
+    ]
+    stripped = {
+        a: tuple(torch.as_tensor(x) for x in strip_left_padding(ids, mask)) for a, (ids, mask) in prompts.items()
+    }
+    return policy.generate_joint(stripped, 1, seeds=row_seeds, **sampling)
 
 
 # ----------------------------------------------------------------------------------------- policies
