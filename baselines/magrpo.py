@@ -96,6 +96,11 @@ class Config:
     micro_batch_size: int = 0
     """Responses per forward/backward in the update (gradient accumulation): the same gradient up to
     float rounding, with peak memory bounded by this many rows; 0 = all of a turn's rows at once."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward of the update: a turn's rows are split so that rows x
+    (prompt + response columns) stays within it (at least one row per pass), which bounds the update's
+    activation memory whatever the batch and prompt sizes; the gradient is the same up to float
+    rounding. 0 = no budget (see docs/agents.md for the memory it bounds)."""
 
     eval_every: int = 0
     """Evaluate every this many iterations (0: only before and after training)."""
@@ -124,6 +129,9 @@ class Config:
     """torch device; unset picks a GPU when present."""
     dtype: str | None = None
     """Model dtype: float32 on CPU by default, bfloat16 on a GPU."""
+    backend: Literal["auto", "engine", "generate"] = "auto"
+    """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
+    else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""
     threads: int | None = None
     """torch CPU threads (unset: torch's default)."""
     placement: Literal["data-parallel", "agent-per-device"] = "data-parallel"
@@ -149,7 +157,9 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size"):
+        for name in (
+            "eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size", "micro_batch_tokens"
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -217,6 +227,7 @@ class Config:
 # Fields that may change when a run is resumed (they do not change what is computed).
 RESUMABLE_FIELDS = (
     "num_iterations",
+    "backend",
     "resume",
     "progress",
     "tensorboard",
@@ -414,8 +425,18 @@ def update_agent(
 
     spread = distributed.world_size() > 1
     masks = [turn.responses[agent].response_mask for turn in turns]
+
+    def rows_per_pass(gen: Any) -> int:
+        n = len(gen.response_mask)
+        size = config.micro_batch_size or max(n, 1)
+        if config.micro_batch_tokens:
+            width = gen.prompt_ids.shape[1] + gen.response_ids.shape[1]
+            size = min(size, max(1, config.micro_batch_tokens // max(width, 1)))
+        return size
+
+    chunked = any(rows_per_pass(turn.responses[agent]) < len(turn.responses[agent].response_mask) for turn in turns)
     tokens = denominators = None
-    if spread or config.micro_batch_size:
+    if spread or chunked:
         # Losses of the parts (ranks, micro-batches) are divided by the whole turn's counts, so they add
         # up to the one-batch loss.
         counts = [float(m.sum()) for m in masks]
@@ -429,8 +450,8 @@ def update_agent(
             return masked_mean(values, mask)
         return (values * mask.to(values.dtype)).sum() / max(tokens[t], 1.0)
 
-    def chunks(n: int) -> list[slice]:
-        size = config.micro_batch_size or max(n, 1)
+    def chunks(gen: Any) -> list[slice]:
+        n, size = len(gen.response_mask), rows_per_pass(gen)
         return [slice(i, i + size) for i in range(0, n, size)] or [slice(0, 0)]
 
     ref = []
@@ -440,7 +461,7 @@ def update_agent(
             ref.append(torch.cat([
                 policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
                                     gen.response_mask[c])
-                for c in chunks(len(gen.response_mask))
+                for c in chunks(gen)
             ]))
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     for epoch in range(config.num_epochs):
@@ -450,7 +471,7 @@ def update_agent(
             gen = turn.responses[agent]
             denominator = None if denominators is None else denominators[t]
             turn_pg = turn_kl = turn_clip = 0.0
-            for c in chunks(len(gen.response_mask)):
+            for c in chunks(gen):
                 logprobs = policy.logprobs(
                     agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c]
                 )
@@ -566,7 +587,8 @@ def main(config: Config) -> dict[str, float]:
         dtype=config.dtype,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
         # PEFT's mixed-adapter batches measured 4.5x slower than one generate call per agent on CPU.
-        mixed_batches=False,
+        mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
+        backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
     venv = VectorEnv(

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -129,6 +129,9 @@ class Config:
     """torch device; unset picks a GPU when present."""
     dtype: str | None = None
     """Model dtype: float32 on CPU by default, bfloat16 on a GPU."""
+    backend: Literal["auto", "engine", "generate"] = "auto"
+    """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
+    else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""
     threads: int | None = None
     """torch CPU threads (unset: torch's default)."""
     seed_per_episode: bool | None = None
@@ -204,6 +207,7 @@ class Config:
 
 RESUMABLE_FIELDS = (
     "num_iterations",
+    "backend",
     "resume",
     "progress",
     "tensorboard",
@@ -619,7 +623,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         device=distributed.device_for("data-parallel", models, info, config.device)[models[0]],
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
         value_head=True,
-        mixed_batches=False,  # PEFT's mixed-adapter batches measured 4.5x slower on CPU
+        mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
+        backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
     venv = make_vector_env(

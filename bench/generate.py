@@ -1,24 +1,30 @@
-"""Generation speed and training memory of agents.MultiAgentPolicy on the embedded default model.
+"""Rollout speed of agents.MultiAgentPolicy on the embedded default model, against plain ``generate``
+and against the hardware's limit, all measured in one run.
 
-Prints one JSON object:
-- ``ours_tokens_per_s``: ``policy.generate`` (LoRA wrapper, log-prob recorder, masks) on B prompts x G
-  samples; ``raw_tokens_per_s``: plain ``model.generate`` of an unwrapped copy on the same prompts,
-  batch and sampling settings; ``ratio`` = ours / raw.
-- ``mixed_tokens_per_s`` / ``per_agent_tokens_per_s`` / ``mixed_ratio``: two agents' rows in one
-  mixed-adapter ``generate`` call versus one call per agent.
-- ``peak_rss_mb``: peak resident memory of a process that does one training step (log-probs with
-  grad, backward, AdamW) for each of two agents, as two LoRA adapters on one base model versus two
-  full fp32 copies (what the reference MAGRPO code keeps); each measured in a fresh process.
+The work: 2 agents x 4 chat prompts x 4 samples x 48 new tokens, temperature 0.7, top-p 0.9, top-k 50.
 
-    python bench/generate.py [--prompts 4] [--samples 4] [--max-new-tokens 32]
+- ``baseline``: plain fp32 ``model.generate`` (no adapters), run once per agent on the same rows:
+  what a two-model MAGRPO (the reference) pays per rollout.
+- ``ours``: ``policy.generate_joint`` with the defaults (the rollout engine, agents/engine.py: both
+  agents' rows in one decode loop, each with its LoRA adapter; the base in the default dtype).
+- ``ours_fp32`` / ``ours_bf16``: the engine with the base in each precision.
+- ``generate_backend``: the policy through transformers' ``generate`` (``backend="generate"``, fp32,
+  one call per agent): what the learners did before the engine.
+- ``limit_ms_per_step``: a bare decode loop over the bf16 base (KV cache, arg-max, no adapters, no
+  sampling) with the same 32 rows: the cost of a decode step on this machine without any machinery.
+
+Tokens per second count the response tokens each path produced (up to and including EOS), best of
+``--repeats`` runs. ``ratio`` = ours / baseline; ``fraction_of_limit`` = limit ms/step / ours ms/step.
+Prints one JSON object on its last line.
+
+    python bench/generate.py [--prompts 4] [--samples 4] [--max-new-tokens 48] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -44,7 +50,7 @@ SAMPLING = dict(temperature=0.7, top_p=0.9, top_k=50)
 AGENTS = ("helper", "main")
 
 
-def prompts(tokenizer, n: int):
+def prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     texts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in (QUESTIONS * (n // len(QUESTIONS) + 1))[:n]
@@ -53,131 +59,117 @@ def prompts(tokenizer, n: int):
     return enc.input_ids, enc.attention_mask
 
 
-def timed(fn, repeats: int) -> tuple[float, int]:
-    """Best-of-``repeats`` seconds and the tokens generated in that run."""
-    best, tokens = float("inf"), 0
+def timed(fn, repeats: int) -> dict[str, float]:
+    """Runs ``fn`` (returns (tokens, decode steps)) ``repeats`` times after one warm-up."""
+    fn()
+    runs = []
     for seed in range(repeats):
         torch.manual_seed(seed)
         start = time.perf_counter()
-        n = fn()
-        elapsed = time.perf_counter() - start
-        if elapsed / max(n, 1) < best / max(tokens, 1) or tokens == 0:
-            best, tokens = elapsed, n
-    return best, tokens
+        tokens, steps = fn()
+        runs.append((time.perf_counter() - start, tokens, steps))
+    best = max(runs, key=lambda r: r[1] / r[0])
+    return {
+        "tokens_per_s": round(best[1] / best[0], 1),
+        "median_tokens_per_s": round(statistics.median(r[1] / r[0] for r in runs), 1),
+        "ms_per_step": round(1000 * best[0] / max(best[2], 1), 1),
+    }
 
 
-def speed(args: argparse.Namespace) -> dict:
-    tokenizer = load_tokenizer(None)
-    policy = MultiAgentPolicy(load_model(), tokenizer, AGENTS, lora=LoraSettings())
-    raw = load_model()
-    ids, mask = prompts(tokenizer, args.prompts)
-    eos = torch.tensor(policy.eos_token_ids)
+def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> float:
+    """ms per decode step of a plain KV-cache loop (forward + arg-max) over ``model``: the floor."""
+    from transformers import DynamicCache
 
-    def ours() -> int:
-        gen = policy.generate("helper", ids, mask, args.samples, max_new_tokens=args.max_new_tokens, **SAMPLING)
-        return int(gen.response_mask.sum())
-
-    def plain() -> int:
-        out = raw.generate(
-            input_ids=ids.repeat_interleave(args.samples, 0),
-            attention_mask=mask.repeat_interleave(args.samples, 0),
-            do_sample=True,
-            max_new_tokens=args.max_new_tokens,
-            pad_token_id=policy.pad_token_id,
-            **SAMPLING,
-        )
-        response = out[:, ids.shape[1] :]
-        is_eos = torch.isin(response, eos).long()
-        return int(((is_eos.cumsum(-1) - is_eos) == 0).sum())
-
-    joint = {agent: (ids, mask) for agent in AGENTS}
-
-    def both(mixed: bool) -> int:
-        policy.mixed_batches = mixed
-        gens = policy.generate_joint(joint, args.samples, max_new_tokens=args.max_new_tokens, **SAMPLING)
-        return sum(int(g.response_mask.sum()) for g in gens.values())
-
-    ours()  # warm-up (first-call allocations)
-    both(True)
-    results = {}
-    for name, fn in (
-        ("ours", ours),
-        ("raw", plain),
-        ("mixed", lambda: both(True)),
-        ("per_agent", lambda: both(False)),
-    ):
-        seconds, tokens = timed(fn, args.repeats)
-        results[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
-    results["ratio"] = round(results["ours_tokens_per_s"] / results["raw_tokens_per_s"], 3)
-    results["mixed_ratio"] = round(results["mixed_tokens_per_s"] / results["per_agent_tokens_per_s"], 3)
-    return results
-
-
-def train_step_memory(mode: str, rows: int, max_new_tokens: int) -> float:
-    """Peak RSS (MB) of one training step of two agents; ``mode`` is "adapters" or "full"."""
-    tokenizer = load_tokenizer(None)
-    ids, mask = prompts(tokenizer, rows)
-    torch.manual_seed(0)
-    response = torch.randint(100, 40000, (rows, max_new_tokens))
-    response_mask = torch.ones_like(response)
-    if mode == "adapters":
-        policy = MultiAgentPolicy(load_model(), tokenizer, AGENTS)
-        for agent in AGENTS:
-            optimizer = policy.optimizer(agent, lr=1e-5)
-            (-policy.logprobs(agent, ids, mask, response, response_mask).sum()).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    else:
-        # The reference layout: one trainable fp32 model and one AdamW per agent, kept for the whole run.
-        models = [load_model() for _ in AGENTS]
-        optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-5) for m in models]
-        width = ids.shape[1]
-        for model, optimizer in zip(models, optimizers, strict=True):
-            logits = model(
-                input_ids=torch.cat([ids, response], 1),
-                attention_mask=torch.cat([mask, response_mask], 1),
-                logits_to_keep=torch.arange(width - 1, width + max_new_tokens - 1),
-            ).logits
-            chosen = logits.gather(-1, response.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-            (-chosen.sum()).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with torch.no_grad():
+        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        attention = mask
+        start = time.perf_counter()
+        for _ in range(steps):
+            attention = torch.cat([attention, torch.ones_like(token)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=token, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        return 1000 * (time.perf_counter() - start) / steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--memory-only", choices=["adapters", "full"], help=argparse.SUPPRESS)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.memory_only:
-        print(train_step_memory(args.memory_only, args.prompts, args.max_new_tokens))
-        return
-    torch.set_num_threads(torch.get_num_threads())
-    results = {
-        "model": "SmolLM2-135M-Instruct (embedded default), float32, CPU" if not torch.cuda.is_available() else "cuda",
+    tokenizer = load_tokenizer(None)
+    ids, mask = prompts(tokenizer, args.prompts)
+    joint = {agent: (ids, mask) for agent in AGENTS}
+    length = args.max_new_tokens
+
+    def joint_run(policy):
+        def run():
+            gens = policy.generate_joint(joint, args.samples, max_new_tokens=length, **SAMPLING)
+            tokens = sum(int(g.response_mask.sum()) for g in gens.values())
+            return tokens, max(g.response_ids.shape[1] for g in gens.values())
+
+        return run
+
+    results: dict[str, object] = {
+        "model": "SmolLM2-135M-Instruct (embedded default)",
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "threads": torch.get_num_threads(),
+        "agents": len(AGENTS),
         "prompts": args.prompts,
         "samples": args.samples,
-        "max_new_tokens": args.max_new_tokens,
+        "rows": len(AGENTS) * args.prompts * args.samples,
+        "prompt_tokens": int(mask.sum(1).max()),
+        "max_new_tokens": length,
         "sampling": SAMPLING,
-        "threads": torch.get_num_threads(),
     }
-    results.update(speed(args))
-    peak = {}
-    for mode in ("adapters", "full"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--memory-only", mode, "--prompts", "8", "--max-new-tokens", "64"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        peak[mode] = round(float(out.stdout.strip().splitlines()[-1]))
-    results["peak_rss_mb"] = {"two_adapters_one_base": peak["adapters"], "two_full_copies": peak["full"]}
-    results["peak_rss_train_step"] = "8 prompts x 64 response tokens, log-probs + backward + AdamW per agent"
-    print(json.dumps(results, indent=2))
+
+    raw = load_model(None, dtype="float32")
+    configured = raw.generation_config.eos_token_id
+    configured = [configured] if isinstance(configured, int) else list(configured or [])
+    eos = torch.tensor(sorted({tokenizer.eos_token_id, *configured}))
+    rows, rows_mask = ids.repeat_interleave(args.samples, 0), mask.repeat_interleave(args.samples, 0)
+
+    def baseline():
+        tokens = steps = 0
+        for _ in AGENTS:
+            out = raw.generate(input_ids=rows, attention_mask=rows_mask, do_sample=True, max_new_tokens=length,
+                               pad_token_id=tokenizer.pad_token_id, **SAMPLING)
+            response = out[:, rows.shape[1]:]
+            is_eos = torch.isin(response, eos).long()
+            tokens += int(((is_eos.cumsum(-1) - is_eos) == 0).sum())
+            steps += response.shape[1]
+        return tokens, steps
+
+    results["baseline"] = timed(baseline, args.repeats)
+
+    paths = {
+        "ours": dict(),
+        "ours_fp32": dict(dtype="float32"),
+        "ours_bf16": dict(dtype="bfloat16"),
+        "generate_backend": dict(dtype="float32", backend="generate", mixed_batches=False),
+    }
+    for name, kwargs in paths.items():
+        dtype = kwargs.pop("dtype", None)
+        policy = MultiAgentPolicy(load_model(None, dtype=dtype), tokenizer, AGENTS, lora=LoraSettings(), **kwargs)
+        results[name] = {**timed(joint_run(policy), args.repeats), "backend": policy.backend,
+                         "dtype": str(policy.model.get_base_model().dtype).replace("torch.", "")}
+    bf16 = load_model(None, dtype="bfloat16")
+    limit = bare_loop_ms(bf16, ids.repeat(len(AGENTS), 1).repeat_interleave(args.samples, 0),
+                         mask.repeat(len(AGENTS), 1).repeat_interleave(args.samples, 0), length)
+    results["limit_ms_per_step"] = round(limit, 1)
+    ours = results["ours"]
+    results["ratio"] = round(ours["tokens_per_s"] / results["baseline"]["tokens_per_s"], 2)
+    results["ratio_median"] = round(ours["median_tokens_per_s"] / results["baseline"]["median_tokens_per_s"], 2)
+    results["ratio_vs_generate_backend"] = round(ours["tokens_per_s"] / results["generate_backend"]["tokens_per_s"], 2)
+    results["fraction_of_limit"] = round(limit / ours["ms_per_step"], 2)
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":
