@@ -474,6 +474,7 @@ class MultiAgentPolicy:
         r_ids: torch.Tensor,
         r_mask: torch.Tensor,
         value_agent: str | None,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         width, length = p_ids.shape[1], r_ids.shape[1]
         if length == 0:
@@ -508,6 +509,8 @@ class MultiAgentPolicy:
         if not self._keeps_logits:
             logits = logits[:, keep]
         logits = logits.float()  # (B, T, V)
+        if temperature != 1.0:
+            logits = logits / temperature
         chosen = logits.gather(-1, r_ids.unsqueeze(-1)).squeeze(-1)
         logprobs = (chosen - logits.logsumexp(-1)).masked_fill(r_mask == 0, 0.0)  # (B, T)
         values = None
@@ -525,11 +528,14 @@ class MultiAgentPolicy:
         response_mask: ArrayLike,
         *,
         with_values: bool = False,
+        temperature: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward with ``agent``'s adapter: (B, T) log-probs and, if ``with_values``, (B, T) values.
 
         Gradients flow when torch's grad mode is on (wrap in ``torch.no_grad()`` for old log-probs).
+        ``temperature``: log-probs of ``softmax(logits / temperature)`` (1: the raw policy).
         """
+        _check_temperature(temperature)
         self._check_agent(agent)
         if with_values and self.value_heads is None:
             raise ValueError("with_values=True needs a policy built with value_head=True")
@@ -537,7 +543,7 @@ class MultiAgentPolicy:
         self._set_agent(agent)
         # A pass without gradients scores (old log-probs, values): no dropout, whatever the mode.
         with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
-            return self._score(*tensors, value_agent=agent if with_values else None)
+            return self._score(*tensors, value_agent=agent if with_values else None, temperature=temperature)
 
     def logprobs(
         self,
@@ -546,9 +552,12 @@ class MultiAgentPolicy:
         prompt_mask: ArrayLike,
         response_ids: ArrayLike,
         response_mask: ArrayLike,
+        *,
+        temperature: float = 1.0,
     ) -> torch.Tensor:
-        """(B, T) log-prob of each response token under ``agent``'s policy; 0 on pads. Differentiable."""
-        return self.forward(agent, prompt_ids, prompt_mask, response_ids, response_mask)[0]
+        """(B, T) log-prob of each response token under ``agent``'s policy (at ``temperature``; 1: raw);
+        0 on pads. Differentiable."""
+        return self.forward(agent, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)[0]
 
     def values(
         self,
@@ -570,20 +579,23 @@ class MultiAgentPolicy:
         prompt_mask: ArrayLike,
         response_ids: ArrayLike,
         response_mask: ArrayLike,
+        *,
+        temperature: float = 1.0,
     ) -> torch.Tensor:
         """(B, T) log-probs under the reference policy (the base model with adapters disabled; under full
-        fine-tuning, the frozen initial model). No grad, no dropout."""
+        fine-tuning, the frozen initial model), at ``temperature``. No grad, no dropout."""
         self._check_agent(agent)
+        _check_temperature(temperature)
         tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
         if self.lora is None:
             live = self.model
             try:
                 self.model = self._reference
-                return self._score(*tensors, value_agent=None)[0]
+                return self._score(*tensors, value_agent=None, temperature=temperature)[0]
             finally:
                 self.model = live
         with self.model.disable_adapter(), self._eval_mode():
-            return self._score(*tensors, value_agent=None)[0]
+            return self._score(*tensors, value_agent=None, temperature=temperature)[0]
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -650,8 +662,7 @@ class MultiAgentPolicy:
         if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         _check_sampling(max_new_tokens, temperature, top_p, top_k, repetition_penalty)
-        if not isinstance(logprob_temperature, (int, float)) or not logprob_temperature > 0:
-            raise ValueError(f"logprob_temperature must be > 0, got {logprob_temperature!r}")
+        _check_temperature(logprob_temperature, "logprob_temperature")
         rows: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for agent, pair in prompts.items():
             self._check_agent(agent)
@@ -1073,6 +1084,11 @@ class MultiAgentPolicy:
         # load_state_dict keeps the Parameter objects, so optimizers built earlier still hold them.
         active, self._active = self._active, None
         self._set_agent(active or self.agents[0])
+
+
+def _check_temperature(value: Any, name: str = "temperature") -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
 def _check_agent_names(agents: Sequence[str]) -> tuple[str, ...]:

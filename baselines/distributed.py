@@ -505,11 +505,11 @@ class AgentPerDevicePolicy:
     def forward(self, agent: str, *args: Any, **kwargs: Any) -> Any:
         return self._of(agent).forward(agent, *args, **kwargs)
 
-    def logprobs(self, agent: str, *args: Any) -> torch.Tensor:
-        return self._of(agent).logprobs(agent, *args)
+    def logprobs(self, agent: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._of(agent).logprobs(agent, *args, **kwargs)
 
-    def ref_logprobs(self, agent: str, *args: Any) -> torch.Tensor:
-        return self._of(agent).ref_logprobs(agent, *args)
+    def ref_logprobs(self, agent: str, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._of(agent).ref_logprobs(agent, *args, **kwargs)
 
     def values(self, agent: str, *args: Any) -> torch.Tensor:
         return self._of(agent).values(agent, *args)

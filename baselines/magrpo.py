@@ -69,6 +69,10 @@ class Config:
     """Nucleus sampling mass."""
     top_k: int = 50
     """Top-k sampling; 0 disables it."""
+    logprob_temperature: Literal["raw", "sampling"] = "raw"
+    """Temperature of the log-probs the loss uses: ``raw`` (1: the untempered policy, as the reference
+    trainers score) or ``sampling`` (the sampling ``temperature``: the tempered distribution, as TRL's
+    GRPO scores); the same at generation, in the update and for the reference (docs/magrpo.md)."""
 
     learning_rate: float = 5e-5
     """AdamW learning rate of every agent's adapter."""
@@ -208,6 +212,10 @@ class Config:
             raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
+
+    def scoring_temperature(self) -> float:
+        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
+        return self.temperature if self.logprob_temperature == "sampling" else 1.0
 
     def env_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"num_turns": self.num_turns}
@@ -383,7 +391,11 @@ def rollout(
 
     obs, _ = venv.reset(seed=list(seeds), options=list(options))
     sampling = dict(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        logprob_temperature=config.scoring_temperature(),
     )
     turns = []
     while venv.agents:
@@ -460,7 +472,7 @@ def update_agent(
             gen = turn.responses[agent]
             ref.append(torch.cat([
                 policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
-                                    gen.response_mask[c])
+                                    gen.response_mask[c], temperature=config.scoring_temperature())
                 for c in chunks(gen)
             ]))
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
@@ -473,7 +485,8 @@ def update_agent(
             turn_pg = turn_kl = turn_clip = 0.0
             for c in chunks(gen):
                 logprobs = policy.logprobs(
-                    agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c]
+                    agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
+                    temperature=config.scoring_temperature(),
                 )
                 mask = gen.response_mask[c]
                 # On the first epoch the sampling policy is the current one: the plain policy gradient

@@ -68,6 +68,10 @@ class Config:
     """Nucleus sampling mass (the paper: 1.0)."""
     top_k: int = 0
     """Top-k sampling; 0 disables it (the paper: 0)."""
+    logprob_temperature: Literal["raw", "sampling"] = "raw"
+    """Temperature of the log-probs the loss uses: ``raw`` (1: the untempered policy, as the reference
+    trainers score) or ``sampling`` (the sampling ``temperature``: the tempered distribution, as TRL's
+    GRPO scores); the same at generation, in the update and for the reference (docs/magrpo.md)."""
     repetition_penalty: float = 1.0
     """Repetition penalty while sampling (the CORY code: 1.1). It changes what is sampled, not the
     log-probs PPO uses, so above 1 rollouts are slightly off-policy."""
@@ -191,6 +195,10 @@ class Config:
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
+
+    def scoring_temperature(self) -> float:
+        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
+        return self.temperature if self.logprob_temperature == "sampling" else 1.0
 
     def env_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
@@ -433,8 +441,9 @@ def make_experience(
     """Score one agent's rollout: old log-probs and values (one forward with its adapter), reference
     log-probs (adapters off, on the same prompt), per-token rewards, GAE."""
     args = (gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
-    old_logprobs, old_values = policy.forward(model, *args, with_values=True)
-    ref_logprobs = policy.ref_logprobs(model, *args)
+    temperature = config.scoring_temperature()
+    old_logprobs, old_values = policy.forward(model, *args, with_values=True, temperature=temperature)
+    ref_logprobs = policy.ref_logprobs(model, *args, temperature=temperature)
     mask = gen.response_mask.to(old_logprobs.device)
     rewards, kl = token_rewards(scores.to(old_logprobs.device), old_logprobs, ref_logprobs, mask, kl_coef)
     advantages, returns = gae(rewards, old_values, mask, config.gamma, config.lam)
@@ -520,7 +529,8 @@ def _minibatch_loss(
     ``denominator``) and their diagnostics."""
     mask = exp.response_mask[rows]
     logprobs, values = policy.forward(
-        model, exp.prompt_ids[rows], exp.prompt_mask[rows], exp.response_ids[rows], mask, with_values=True
+        model, exp.prompt_ids[rows], exp.prompt_mask[rows], exp.response_ids[rows], mask, with_values=True,
+        temperature=config.scoring_temperature(),
     )
     mask = mask.to(logprobs.device)
     pg_loss, clip_frac = clipped_policy_loss(

@@ -263,3 +263,20 @@ def test_default_model_greedy_equals_generate():
     for agent in AGENTS:
         assert torch.equal(ours[agent].response_ids, theirs[agent].response_ids)
         torch.testing.assert_close(ours[agent].logprobs, theirs[agent].logprobs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["engine", "generate"])
+def test_tempered_logprobs_recompute(tokenizer, backend):
+    """``logprob_temperature`` (TRL's scoring): recorded log-probs of softmax(logits / T) recompute at T."""
+    policy = make_policy(tokenizer)
+    ids, mask = batch(tokenizer, 3)
+    torch.manual_seed(0)
+    with with_backend(policy, backend):
+        gen = policy.generate("helper", ids, mask, 2, max_new_tokens=10, temperature=0.7, logprob_temperature=0.7)
+    tempered = policy.logprobs("helper", gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask,
+                               temperature=0.7)
+    raw = policy.logprobs("helper", gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
+    torch.testing.assert_close(tempered, gen.logprobs, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(raw, gen.logprobs, atol=1e-3)
+    with pytest.raises(ValueError, match="temperature must be a number > 0, got 0"):
+        policy.logprobs("helper", gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, temperature=0)
