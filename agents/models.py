@@ -22,6 +22,7 @@ response boundary by searching for pad ids; the attention masks say where the to
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,30 @@ def convert_default_model(force: bool = False) -> Path:
     return target
 
 
+def default_model_in(dtype: torch.dtype) -> Path:
+    """The converted default model stored in ``dtype`` (converted from the float32 copy once, in a
+    sibling directory): loading half-precision weights from a float32 file makes transformers hold both
+    (1.1 GB peak RSS for the 135M default in bfloat16, against 0.5 GB from a bfloat16 file)."""
+    source = convert_default_model()
+    if dtype == torch.float32:
+        return source
+    target = source.parent / f"model-{str(dtype).replace('torch.', '')}"
+    if _is_converted(target):
+        return target
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(dtype)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        for extra in source.iterdir():  # tokenizer files and templates, where the float32 copy has them
+            if extra.is_file() and not (tmp / extra.name).exists() and extra.suffix != ".safetensors":
+                shutil.copy2(extra, tmp / extra.name)
+
+    atomic_save_dir(target, write, replace=False)
+    return target
+
+
 def load_model(
     name_or_path: str | os.PathLike[str] | None = None,
     *,
@@ -128,7 +153,7 @@ def load_model(
     device_ = resolve_device(device)
     dtype_ = resolve_dtype(dtype, device_)
     if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
-        path: str = str(convert_default_model())
+        path: str = str(default_model_in(dtype_))
     else:
         path = str(name_or_path)
     try:
