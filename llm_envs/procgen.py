@@ -393,7 +393,7 @@ class ToolPlannerTask(Task):
     roles: ClassVar[tuple[str, ...]] = ("tool", "planner")
     family: ClassVar[str] = ""
     answer_components: ClassVar[tuple[str, ...]] = ()
-    default_max_new_tokens: ClassVar[int] = 256
+    default_max_new_tokens: ClassVar[int] = 384  # a BFS program for Sokoban is about 300 tokens
     default_max_prompt_tokens: ClassVar[int] = 3072
     task_text: ClassVar[str] = ""
     """What the puzzle is, with the board's legend (both roles)."""

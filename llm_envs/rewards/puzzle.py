@@ -24,11 +24,11 @@ component      value     when
 Maximum 2.0. Rows, columns and boxes are numbered from 1 at the top left, as Sudoku players do;
 boxes row by row.
 
->>> puzzle = (1, 0, 0, 4,  0, 0, 1, 0,  0, 1, 0, 0,  4, 0, 0, 1)
+>>> puzzle = (1, 2, 0, 4,  0, 0, 1, 0,  0, 1, 0, 0,  4, 0, 0, 1)
 >>> sudoku_components(completions=["Answer:\\n1234\\n3412\\n2143\\n4321"], puzzle=[puzzle], n=[4])
 [{'format': 0.1, 'givens': 0.3, 'rows': 0.2, 'columns': 0.2, 'boxes': 0.2, 'solved': 1.0}]
 >>> sudoku_problems(parse_sudoku("1134 3412 2143 4321", 4), puzzle, 4)[:2]
-['row 1 has two 1s', 'column 2 has two 1s']
+['cell (1, 2) must stay 2 (a given), the answer has 1', 'row 1 has two 1s']
 
 Sokoban
 -------

@@ -9,7 +9,7 @@ Protocol               parallel by default (both roles answer at once); ``protoc
                        the tool's program runs first and the planner sees its printed output
 Agents                 ``tool`` writes a Python program that prints the answer (run in the sandbox);
                        ``planner`` gives the answer
-Observation / action   token ids (see :mod:`llm_envs.core.base`); max_new_tokens 256,
+Observation / action   token ids (see :mod:`llm_envs.core.base`); max_new_tokens 384,
                        max_prompt_tokens 3072 (room for the worst case: a 16 x 16 board, the tool's
                        longest output and error, the previous answer and feedback)
 Reward                 the planner's answer (:mod:`llm_envs.rewards.puzzle`) plus ``tool`` = 0.5 when
