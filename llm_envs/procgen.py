@@ -386,7 +386,7 @@ class ToolPlannerTask(Task):
 
     Subclasses set ``family``, ``answer_components``, ``reward_components`` (``answer_components`` +
     ``("tool",)``), ``max_reward``, the prompt texts ``task_text`` / ``answer_text`` / ``tool_answer_text``
-    / ``inputs_text``, and implement :meth:`generate`, :meth:`board`, :meth:`tool_inputs`,
+    / ``inputs_text``, ``reference_program``, and implement :meth:`generate`, :meth:`board`, :meth:`tool_inputs`,
     :meth:`score_answer`, :meth:`solves`, :meth:`diagnose`, :meth:`render_answer`, :meth:`solve`.
     """
 
@@ -403,6 +403,8 @@ class ToolPlannerTask(Task):
     """What the tool program must print."""
     inputs_text: ClassVar[str] = ""
     """The program's predefined variables, one per line."""
+    reference_program: ClassVar[str] = ""
+    """A tool program that solves every instance (an oracle tool agent for tests and baselines)."""
 
     def __init__(self, tool_timeout_s: float = TOOL_TIMEOUT_S) -> None:
         if isinstance(tool_timeout_s, bool) or not isinstance(tool_timeout_s, (int, float)) or not (

@@ -30,89 +30,11 @@ FAMILY_IDS = ["planning/plan-path-v0", "puzzle/sudoku4-v0", "puzzle/sudoku9-v0",
 PROCGEN_IDS = [i for i in llm_envs.list_envs() if i.startswith(("planning/", "puzzle/"))]
 NUM_EVAL = 200
 
-# Honest tool programs: plain-Python solvers that read the predefined variables.
-BFS_PATH = """
-from collections import deque
-rows, cols = len(grid), len(grid[0])
-prev = {start: None}
-queue = deque([start])
-while queue:
-    cell = queue.popleft()
-    if cell == goal:
-        break
-    for move, (dr, dc) in (("U", (-1, 0)), ("D", (1, 0)), ("L", (0, -1)), ("R", (0, 1))):
-        nxt = (cell[0] + dr, cell[1] + dc)
-        if 0 <= nxt[0] < rows and 0 <= nxt[1] < cols and grid[nxt[0]][nxt[1]] != "#" and nxt not in prev:
-            prev[nxt] = (cell, move)
-            queue.append(nxt)
-moves, cell = [], goal
-while prev[cell] is not None:
-    cell, move = prev[cell]
-    moves.append(move)
-print("".join(reversed(moves)))
-"""
-BACKTRACK_SUDOKU = """
-def fits(r, c, d):
-    if d in grid[r] or any(grid[i][c] == d for i in range(n)):
-        return False
-    br, bc = r - r % box_rows, c - c % box_cols
-    return all(grid[br + i][bc + j] != d for i in range(box_rows) for j in range(box_cols))
-
-def solve():
-    for r in range(n):
-        for c in range(n):
-            if grid[r][c] == 0:
-                for d in range(1, n + 1):
-                    if fits(r, c, d):
-                        grid[r][c] = d
-                        if solve():
-                            return True
-                        grid[r][c] = 0
-                return False
-    return True
-
-solve()
-print("\\n".join("".join(map(str, row)) for row in grid))
-"""
-BFS_SOKOBAN = """
-from collections import deque
-walls = {(r, c) for r, row in enumerate(room) for c, ch in enumerate(row) if ch == "#"}
-goal = frozenset(targets)
-start = (player, frozenset(boxes))
-prev = {start: None}
-queue = deque([start])
-end = None
-while queue:
-    state = queue.popleft()
-    if state[1] == goal:
-        end = state
-        break
-    (pr, pc), on = state
-    for move, (dr, dc) in (("U", (-1, 0)), ("D", (1, 0)), ("L", (0, -1)), ("R", (0, 1))):
-        nxt = (pr + dr, pc + dc)
-        if nxt in walls:
-            continue
-        moved = on
-        if nxt in on:
-            beyond = (nxt[0] + dr, nxt[1] + dc)
-            if beyond in walls or beyond in on:
-                continue
-            moved = (on - {nxt}) | {beyond}
-        new = (nxt, moved)
-        if new not in prev:
-            prev[new] = (state, move)
-            queue.append(new)
-moves = []
-while prev[end] is not None:
-    end, move = prev[end]
-    moves.append(move)
-print("".join(reversed(moves)))
-"""
-SOLVER_PROGRAMS = {"planning": BFS_PATH, "puzzle/sudoku": BACKTRACK_SUDOKU, "puzzle/sokoban": BFS_SOKOBAN}
 
 
 def solver_program(env_id: str) -> str:
-    return next(p for prefix, p in SOLVER_PROGRAMS.items() if env_id.startswith(prefix))
+    """The family's reference tool program: a plain-Python solver that reads the predefined variables."""
+    return llm_envs.make(env_id).task.reference_program
 
 
 def random_answer(problem, rng: np.random.Generator) -> str:
@@ -318,14 +240,14 @@ def test_sequential_planner_sees_the_tool_output_and_parallel_sees_it_next_turn(
     seq = llm_envs.make("puzzle/sudoku4-v0", protocol="sequential")
     seq.reset(seed=0)
     assert "teammate" not in seq.text("planner")
-    seq.step(BACKTRACK_SUDOKU)
+    seq.step(solver_program("puzzle/sudoku4-v0"))
     solution = seq.task.solve(seq.problem)[len("Answer:\n"):]
     assert f"The program ran. It printed:\n{solution}" in seq.text("planner")
 
     par = llm_envs.make("puzzle/sudoku4-v0", num_turns=2)
     par.reset(seed=0)
     assert "teammate" not in par.text("planner")
-    par.step({"tool": BACKTRACK_SUDOKU, "planner": "Answer: no idea"})
+    par.step({"tool": solver_program("puzzle/sudoku4-v0"), "planner": "Answer: no idea"})
     second = par.text("planner")
     assert "Your teammate's program: The program ran. It printed:\n" + solution in second
     assert "Your answer: no grid of 16 digits found" in second

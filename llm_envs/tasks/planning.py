@@ -127,6 +127,29 @@ INPUTS_TEXT = """grid: list of str, one string per row with the characters of th
 start: (row, column) tuple of the start
 goal: (row, column) tuple of the goal"""
 
+PLAN_PATH_PROGRAM = """\
+from collections import deque
+rows, cols = len(grid), len(grid[0])
+prev = {start: None}
+queue = deque([start])
+while queue:
+    cell = queue.popleft()
+    if cell == goal:
+        break
+    for move, (dr, dc) in (("U", (-1, 0)), ("D", (1, 0)), ("L", (0, -1)), ("R", (0, 1))):
+        nxt = (cell[0] + dr, cell[1] + dc)
+        if 0 <= nxt[0] < rows and 0 <= nxt[1] < cols and grid[nxt[0]][nxt[1]] != "#" and nxt not in prev:
+            prev[nxt] = (cell, move)
+            queue.append(nxt)
+moves, cell = [], goal
+while prev[cell] is not None:
+    cell, move = prev[cell]
+    moves.append(move)
+print("".join(reversed(moves)))
+"""
+"""The reference tool program (a BFS over the predefined ``grid``, ``start``, ``goal``): an oracle tool
+agent, used by the tests and the bench."""
+
 
 @functools.cache
 def _neighbours(size: int) -> tuple[tuple[tuple[int, str], ...], ...]:
@@ -247,6 +270,7 @@ class PlanPathTask(ToolPlannerTask):
     answer_text: ClassVar[str] = ANSWER_TEXT
     tool_answer_text: ClassVar[str] = TOOL_ANSWER_TEXT
     inputs_text: ClassVar[str] = INPUTS_TEXT
+    reference_program: ClassVar[str] = PLAN_PATH_PROGRAM
 
     def __init__(
         self,

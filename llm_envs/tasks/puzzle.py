@@ -139,6 +139,31 @@ SUDOKU_TOOL_ANSWER = "the filled grid, {n} lines of {n} digits (for example {exa
 SUDOKU_INPUTS = """grid: list of {n} lists of {n} ints, the board row by row, 0 for a blank cell
 n: {n}, the size; box_rows, box_cols: {bh}, {bw}, the shape of a box"""
 
+SUDOKU_PROGRAM = """\
+def fits(r, c, d):
+    if d in grid[r] or any(grid[i][c] == d for i in range(n)):
+        return False
+    br, bc = r - r % box_rows, c - c % box_cols
+    return all(grid[br + i][bc + j] != d for i in range(box_rows) for j in range(box_cols))
+
+def solve():
+    for r in range(n):
+        for c in range(n):
+            if grid[r][c] == 0:
+                for d in range(1, n + 1):
+                    if fits(r, c, d):
+                        grid[r][c] = d
+                        if solve():
+                            return True
+                        grid[r][c] = 0
+                return False
+    return True
+
+solve()
+print("\\n".join("".join(map(str, row)) for row in grid))
+"""
+"""The reference tool program for Sudoku (plain backtracking over the predefined ``grid``)."""
+
 
 @functools.cache
 def _all_sudoku4() -> tuple[tuple[int, ...], ...]:
@@ -364,6 +389,7 @@ class SudokuTask(ToolPlannerTask):
     reward_components: ClassVar[tuple[str, ...]] = (*SUDOKU_COMPONENTS, "tool")
     max_reward: ClassVar[float] = SUDOKU_MAX_REWARD + TOOL_REWARD
     description: ClassVar[str] = "Generated Sudoku with one solution: a tool agent's sandboxed program and a planner."
+    reference_program: ClassVar[str] = SUDOKU_PROGRAM
 
     def __init__(
         self, n: int = 4, difficulty: str = "medium", blanks: int | None = None, tool_timeout_s: float = TOOL_TIMEOUT_S
@@ -461,6 +487,42 @@ SOKOBAN_TOOL_ANSWER = "the moves as one string of the letters U, D, L, R (for ex
 SOKOBAN_INPUTS = """room: list of str, one string per row with the characters of the board (room[r][c])
 player: (row, column) tuple of the player
 boxes, targets: lists of (row, column) tuples"""
+
+SOKOBAN_PROGRAM = """\
+from collections import deque
+walls = {(r, c) for r, row in enumerate(room) for c, ch in enumerate(row) if ch == "#"}
+goal = frozenset(targets)
+start = (player, frozenset(boxes))
+prev = {start: None}
+queue = deque([start])
+end = None
+while queue:
+    state = queue.popleft()
+    if state[1] == goal:
+        end = state
+        break
+    (pr, pc), on = state
+    for move, (dr, dc) in (("U", (-1, 0)), ("D", (1, 0)), ("L", (0, -1)), ("R", (0, 1))):
+        nxt = (pr + dr, pc + dc)
+        if nxt in walls:
+            continue
+        moved = on
+        if nxt in on:
+            beyond = (nxt[0] + dr, nxt[1] + dc)
+            if beyond in walls or beyond in on:
+                continue
+            moved = (on - {nxt}) | {beyond}
+        new = (nxt, moved)
+        if new not in prev:
+            prev[new] = (state, move)
+            queue.append(new)
+moves = []
+while prev[end] is not None:
+    end, move = prev[end]
+    moves.append(move)
+print("".join(reversed(moves)))
+"""
+"""The reference tool program for Sokoban (a breadth-first search over player and box positions)."""
 
 
 def _room_rows(
@@ -638,6 +700,7 @@ class SokobanTask(ToolPlannerTask):
     answer_text: ClassVar[str] = SOKOBAN_ANSWER
     tool_answer_text: ClassVar[str] = SOKOBAN_TOOL_ANSWER
     inputs_text: ClassVar[str] = SOKOBAN_INPUTS
+    reference_program: ClassVar[str] = SOKOBAN_PROGRAM
 
     def __init__(
         self,
