@@ -47,17 +47,18 @@ program has the variables ``grid`` (list of row strings, as on the board), ``sta
 
 Instances (:mod:`llm_envs.procgen`): walls are drawn cell by cell with probability
 ``wall_fraction``; the start is a random free cell; the goal is a random cell reachable from it at
-least half as far (in moves) as the farthest reachable cell. Every instance is solvable by
+least ``size - 1`` moves away and at least half as far as the farthest reachable cell (grids where
+nothing is that far are drawn again). Every instance is solvable by
 construction; its shortest path length (BFS) is part of the instance. Eval split: instance seeds
 0-999; train: 1000 onward, unbounded.
 
-=========  ======  ===============  ======================================
-level      size    wall_fraction    typical shortest path (eval, median)
-=========  ======  ===============  ======================================
-easy       5 x 5   0.2              5 moves
-medium     7 x 7   0.3              8 moves
-hard       10 x 10 0.35             12 moves
-=========  ======  ===============  ======================================
+=========  =======  ===============  ===========================================
+level      size     wall_fraction    shortest path, 200 eval instances (median)
+=========  =======  ===============  ===========================================
+easy       5 x 5    0.2              4-10 moves (5)
+medium     7 x 7    0.3              6-19 moves (7)
+hard       10 x 10  0.35             9-27 moves (11)
+=========  =======  ===============  ===========================================
 
 Task arguments: ``difficulty`` (``easy`` | ``medium`` | ``hard``), ``size`` (3-16) and
 ``wall_fraction`` (0-0.5) override the level's values; ``tool_timeout_s`` (default 5 s).
