@@ -9,18 +9,26 @@ Instances and splits
 An instance is a pure function of its family, its generator parameters (the difficulty) and an
 integer *instance seed*: ``random.Random("<family>/<params>/<seed>")`` drives the generator, which
 draws only with ``random()`` (the one method whose sequence Python guarantees across versions), so
-every machine and Python version generates the same instances. The splits are seed ranges:
+every machine and Python version generates the same instances.
+
+Small families (a 6 x 6 Sokoban room with one box, a 4 x 4 Sudoku) give the same instance for
+different seeds, so the splits are separated by instance, not only by seed. An instance is in the
+*eval class* when the BLAKE2b hash of its content is 0 modulo :data:`EVAL_CLASS` (1 in 4):
 
 =========  =====================================  ==============================================
-split      ``task_index`` i                       instance seed
+split      ``task_index`` i                       instance
 =========  =====================================  ==============================================
-``eval``   0 .. 999 (:data:`EVAL_SIZE`)           ``i`` (seeds 0-999, reserved for evaluation)
-``train``  0 .. 2**62 - 1 (:data:`TRAIN_SIZE`)    ``1000 + i`` (never overlaps eval)
+``eval``   0 .. 999 (:data:`EVAL_SIZE`)           the i-th distinct eval-class instance of seeds
+                                                  0, 1, 2, ... (below 2**32)
+``train``  0 .. 2**62 - 1 (:data:`TRAIN_SIZE`)    seed ``2**32 + i``; if that instance is in the
+                                                  eval class, seed ``2**32 + i + 2**62``, and so on
 =========  =====================================  ==============================================
 
-``reset(seed=s)`` draws the task index from the env's seeded generator, so the same seed gives the
-same instance; ``options={"task_index": i, "split": "eval"}`` pins one. The train split is generated
-on demand and never runs out: sampling it uniformly, a training run does not see an instance twice.
+So eval instances are distinct, no train instance is ever an eval instance, and both are the same on
+every machine. ``reset(seed=s)`` draws the task index from the env's seeded generator, so the same
+seed gives the same instance; ``options={"task_index": i, "split": "eval"}`` pins one. The train split
+is generated on demand and never runs out of indices (a family with few distinct instances repeats
+them, as sampling would).
 
 The tool agent
 --------------
@@ -41,6 +49,7 @@ process.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import random
 import re
@@ -53,11 +62,17 @@ from llm_envs.rewards.coding import strip_fences
 from llm_envs.sandbox import SandboxLimits, run_tests
 
 EVAL_SIZE = 1000
-"""Instances of the eval split: seeds 0 .. EVAL_SIZE - 1."""
-TRAIN_SEED_OFFSET = EVAL_SIZE
-"""Train index i is instance seed TRAIN_SEED_OFFSET + i."""
+"""Instances of the eval split."""
+EVAL_CLASS = 4
+"""An instance is in the eval class when the hash of its content is 0 modulo this."""
+TRAIN_SEED_OFFSET = 2**32
+"""Eval instances come from seeds below this; train index i starts at seed TRAIN_SEED_OFFSET + i."""
 TRAIN_SIZE = 2**62
-"""Instances of the train split (generated on demand)."""
+"""Indices of the train split (generated on demand)."""
+MAX_TRAIN_DRAWS = 64
+"""Seeds tried for one train index before giving up (each is in the eval class with probability 1/4)."""
+EVAL_SEEDS_PER_INSTANCE = 64
+"""The eval split gives up when fewer than one seed in this many yields a new eval instance."""
 LEVELS = ("easy", "medium", "hard")
 
 TOOL_OUTPUT_CHARS = 400
@@ -106,26 +121,6 @@ _WRAPPED_ERROR = re.compile(r"^RuntimeError(?: \(line \d+\))?: (.*)$", re.DOTALL
 
 
 # ------------------------------------------------------------------------------------- seeding
-def split_seed(split: str, index: int) -> int:
-    """The instance seed of ``task_index`` ``index`` of ``split`` (see the module docstring).
-
-    >>> split_seed("eval", 5), split_seed("train", 5)
-    (5, 1005)
-    """
-    size = split_size(split)
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
-        raise IndexError(f"task_index must be an int in [0, {size - 1}] for split {split!r}, got {index!r}.")
-    return index if split == "eval" else TRAIN_SEED_OFFSET + index
-
-
-def split_size(split: str) -> int:
-    if split == "eval":
-        return EVAL_SIZE
-    if split == "train":
-        return TRAIN_SIZE
-    raise ValueError(f"Unknown split {split!r}; expected 'train' or 'eval'.")
-
-
 def instance_random(family: str, params: tuple[Any, ...], seed: int) -> random.Random:
     """The generator of one instance. Generators draw only with ``random()`` (see :func:`below`)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -148,13 +143,77 @@ def shuffled(rng: random.Random, items: Sequence[Any]) -> list[Any]:
     return out
 
 
-class GeneratedSplit(Sequence[Problem]):
-    """The instances of one split, generated on demand: ``split[i]`` is ``generate(split_seed(split, i))``."""
+def split_size(split: str) -> int:
+    if split == "eval":
+        return EVAL_SIZE
+    if split == "train":
+        return TRAIN_SIZE
+    raise ValueError(f"Unknown split {split!r}; expected 'train' or 'eval'.")
 
-    def __init__(self, generate: Callable[[int], Problem], split: str) -> None:
+
+def instance_key(problem: Problem, fields: Sequence[str]) -> tuple[Any, ...]:
+    """The content of an instance that identifies it (its seed excluded)."""
+    return tuple(problem[f] for f in fields)
+
+
+def in_eval_class(key: tuple[Any, ...]) -> bool:
+    """Whether an instance with this content belongs to the eval split's class (1 in :data:`EVAL_CLASS`).
+
+    >>> [i for i in range(20) if in_eval_class((i,))]
+    [8]
+    """
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % EVAL_CLASS == 0
+
+
+Generator = Callable[..., dict]
+"""``generator(seed, *params) -> instance``, a module-level function."""
+
+
+@functools.lru_cache(maxsize=16384)
+def generate_cached(generator: Generator, params: tuple[Any, ...], seed: int) -> dict:
+    """``generator(seed, *params)``, cached per process (instances are immutable by convention)."""
+    return generator(seed, *params)
+
+
+class _EvalInstances:
+    """The eval split of one generator and parameters, generated in seed order as far as asked."""
+
+    def __init__(self, generator: Generator, params: tuple[Any, ...], fields: tuple[str, ...]) -> None:
+        self.generator, self.params, self.fields = generator, params, fields
+        self.instances: list[dict] = []
+        self.keys: set[tuple[Any, ...]] = set()
+        self.next_seed = 0
+
+    def get(self, index: int) -> dict:
+        while len(self.instances) <= index:
+            if self.next_seed >= EVAL_SEEDS_PER_INSTANCE * (len(self.instances) + 1) + 1000:
+                raise ValueError(
+                    f"Only {len(self.instances)} distinct eval instances among seeds 0-{self.next_seed - 1} of "
+                    f"{self.generator.__name__} with parameters {self.params}: these parameters give too few distinct "
+                    f"instances for an eval split of {EVAL_SIZE}. Choose a larger or harder level."
+                )
+            problem = self.generator(self.next_seed, *self.params)
+            self.next_seed += 1
+            key = instance_key(problem, self.fields)
+            if key not in self.keys and in_eval_class(key):
+                self.keys.add(key)
+                self.instances.append(problem)
+        return self.instances[index]
+
+
+@functools.lru_cache(maxsize=64)
+def _eval_instances(generator: Generator, params: tuple[Any, ...], fields: tuple[str, ...]) -> _EvalInstances:
+    return _EvalInstances(generator, params, fields)
+
+
+class GeneratedSplit(Sequence[Problem]):
+    """The instances of one split of a generator with fixed parameters, made on demand (see the module
+    docstring for which instance each index is)."""
+
+    def __init__(self, generator: Generator, params: tuple[Any, ...], fields: Sequence[str], split: str) -> None:
         split_size(split)
-        self.generate = generate
-        self.split = split
+        self.generator, self.params, self.fields, self.split = generator, tuple(params), tuple(fields), split
 
     def __len__(self) -> int:
         return split_size(self.split)
@@ -162,15 +221,25 @@ class GeneratedSplit(Sequence[Problem]):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
         if isinstance(index, int) and not isinstance(index, bool) and index < 0:
-            index += len(self)
-        return self.generate(split_seed(self.split, index))
+            index += size
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < size:
+            raise IndexError(f"task_index must be an int in [0, {size - 1}] for split {self.split!r}, got {index!r}.")
+        if self.split == "eval":
+            return _eval_instances(self.generator, self.params, self.fields).get(index)
+        for k in range(MAX_TRAIN_DRAWS):
+            problem = generate_cached(self.generator, self.params, TRAIN_SEED_OFFSET + index + k * TRAIN_SIZE)
+            if not in_eval_class(instance_key(problem, self.fields)):
+                return problem
+        raise RuntimeError(f"Train index {index}: all {MAX_TRAIN_DRAWS} instances drawn for it are eval instances "
+                           f"({self.generator.__name__}, parameters {self.params}).")
 
     def __iter__(self) -> Iterator[Problem]:
         return (self[i] for i in range(len(self)))
 
     def __repr__(self) -> str:
-        return f"GeneratedSplit({self.split!r}, {len(self)} instances)"
+        return f"GeneratedSplit({self.generator.__name__}, {self.params}, {self.split!r})"
 
 
 # ------------------------------------------------------------------------------------- levels
@@ -384,14 +453,14 @@ class ToolPlannerTask(Task):
     is the planner's answer's components plus ``tool`` (:data:`TOOL_REWARD` when the program's printed
     answer solves the instance).
 
-    Subclasses set ``family``, ``answer_components``, ``reward_components`` (``answer_components`` +
-    ``("tool",)``), ``max_reward``, the prompt texts ``task_text`` / ``answer_text`` / ``tool_answer_text``
-    / ``inputs_text``, ``reference_program``, and implement :meth:`generate`, :meth:`board`, :meth:`tool_inputs`,
+    Subclasses set ``generator`` (a staticmethod), ``key_fields``, ``answer_components``,
+    ``reward_components`` (``answer_components`` + ``("tool",)``), ``max_reward``, the prompt texts
+    ``task_text`` / ``answer_text`` / ``tool_answer_text`` / ``inputs_text``, ``reference_program``, and
+    implement :meth:`params`, :meth:`board`, :meth:`tool_inputs`,
     :meth:`score_answer`, :meth:`solves`, :meth:`diagnose`, :meth:`render_answer`, :meth:`solve`.
     """
 
     roles: ClassVar[tuple[str, ...]] = ("tool", "planner")
-    family: ClassVar[str] = ""
     answer_components: ClassVar[tuple[str, ...]] = ()
     default_max_new_tokens: ClassVar[int] = 384  # a BFS program for Sokoban is about 300 tokens
     default_max_prompt_tokens: ClassVar[int] = 3072
@@ -413,9 +482,14 @@ class ToolPlannerTask(Task):
             raise ValueError(f"tool_timeout_s must be a number of seconds in (0, 60], got {tool_timeout_s!r}.")
         self.tool_timeout_s = float(tool_timeout_s)
 
+    generator: ClassVar[Generator]
+    """The family's generator, ``generator(seed, *self.params()) -> instance`` (a staticmethod)."""
+    key_fields: ClassVar[tuple[str, ...]] = ()
+    """The instance fields that identify it (two seeds giving equal fields give the same instance)."""
+
     # -- subclass interface
-    def generate(self, seed: int) -> Problem:
-        """The instance of instance seed ``seed`` at this task's difficulty."""
+    def params(self) -> tuple[Any, ...]:
+        """The generator's parameters at this task's difficulty."""
         raise NotImplementedError
 
     def board(self, problem: Problem) -> str:
@@ -447,8 +521,12 @@ class ToolPlannerTask(Task):
         raise NotImplementedError
 
     # -- the Task interface
+    def generate(self, seed: int) -> Problem:
+        """The instance of instance seed ``seed`` at this task's difficulty (cached)."""
+        return generate_cached(type(self).generator, self.params(), seed)
+
     def problems(self, split: str) -> Sequence[Problem]:
-        return GeneratedSplit(self.generate, self.check_split(split))
+        return GeneratedSplit(type(self).generator, self.params(), self.key_fields, self.check_split(split))
 
     def run_tool(self, problem: Problem, text: str) -> ToolRun:
         """Run the tool response's program on this instance (cached)."""

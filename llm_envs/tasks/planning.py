@@ -49,11 +49,11 @@ Instances (:mod:`llm_envs.procgen`): walls are drawn cell by cell with probabili
 ``wall_fraction``; the start is a random free cell; the goal is a random cell reachable from it at
 least ``size - 1`` moves away and at least half as far as the farthest reachable cell (grids where
 nothing is that far are drawn again). Every instance is solvable by
-construction; its shortest path length (BFS) is part of the instance. Eval split: instance seeds
-0-999; train: 1000 onward, unbounded.
+construction; its shortest path length (BFS) is part of the instance. Splits: 1000 fixed eval
+instances, an unbounded train split that never contains them (:mod:`llm_envs.procgen`).
 
 =========  =======  ===============  ===========================================
-level      size     wall_fraction    shortest path, 200 eval instances (median)
+level      size     wall_fraction    shortest path, 200 instances (median)
 =========  =======  ===============  ===========================================
 easy       5 x 5    0.2              4-10 moves (5)
 medium     7 x 7    0.3              6-19 moves (7)
@@ -259,7 +259,8 @@ class PlanPathTask(ToolPlannerTask):
         tool_timeout_s: wall-clock limit of the tool's program.
     """
 
-    family: ClassVar[str] = FAMILY
+    generator = staticmethod(generate_plan_path)
+    key_fields: ClassVar[tuple[str, ...]] = ("grid", "start", "goal")
     answer_components: ClassVar[tuple[str, ...]] = COMPONENTS
     reward_components: ClassVar[tuple[str, ...]] = (*COMPONENTS, "tool")
     max_reward: ClassVar[float] = MAX_REWARD + TOOL_REWARD
@@ -286,8 +287,8 @@ class PlanPathTask(ToolPlannerTask):
         self.size = check_int("size", params["size"], *SIZE_RANGE)
         self.wall_fraction = check_fraction("wall_fraction", params["wall_fraction"], *WALL_FRACTION_RANGE)
 
-    def generate(self, seed: int) -> Problem:
-        return _cached_instance(seed, self.size, self.wall_fraction)
+    def params(self) -> tuple[Any, ...]:
+        return (self.size, self.wall_fraction)
 
     def board(self, problem: Problem) -> str:
         return f"{labeled_grid(problem['grid'])}\nStart: {problem['start']}. Goal: {problem['goal']}."
@@ -332,11 +333,6 @@ class PlanPathTask(ToolPlannerTask):
 
     def solve(self, problem: Problem) -> str:
         return solve_plan_path(problem)
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_instance(seed: int, size: int, wall_fraction: float) -> dict[str, Any]:
-    return generate_plan_path(seed, size, wall_fraction)
 
 
 register(

@@ -71,7 +71,8 @@ hard       10 / 52 blanks     8 x 8 room, 2 boxes, 5 inner walls, solution >= 12
 Task arguments: ``difficulty``; Sudoku ``blanks`` (4 x 4: 1-11, 9 x 9: 1-55); Sokoban ``size``
 (6-9), ``boxes`` (1-2), ``inner_walls`` (0 to a sixth of the inside), ``min_moves`` (1 to
 ``2 (size - 2)``, 2 less with one box);
-``tool_timeout_s`` (default 5 s). Eval split: instance seeds 0-999; train: 1000 onward.
+``tool_timeout_s`` (default 5 s). Splits: 1000 fixed eval instances, an unbounded train split that
+never contains them (:mod:`llm_envs.procgen`).
 Reference solvers: :func:`solve_sudoku` and :func:`solve_sokoban`.
 
 Version history: v0 (initial).
@@ -385,6 +386,8 @@ class SudokuTask(ToolPlannerTask):
         tool_timeout_s: wall-clock limit of the tool's program.
     """
 
+    generator = staticmethod(generate_sudoku)
+    key_fields: ClassVar[tuple[str, ...]] = ("puzzle",)
     answer_components: ClassVar[tuple[str, ...]] = SUDOKU_COMPONENTS
     reward_components: ClassVar[tuple[str, ...]] = (*SUDOKU_COMPONENTS, "tool")
     max_reward: ClassVar[float] = SUDOKU_MAX_REWARD + TOOL_REWARD
@@ -400,7 +403,6 @@ class SudokuTask(ToolPlannerTask):
         params = resolve_level(difficulty, SUDOKU_LEVELS[n], {"blanks": blanks})
         self.n, self.difficulty = n, difficulty
         self.blanks = check_int("blanks", params["blanks"], 1, MAX_BLANKS[n])
-        self.family = f"sudoku{n}"  # type: ignore[misc]
         bh, bw = BOX_SHAPES[n]
         example = _example_grid(n)
         self.task_text = SUDOKU_TASK.format(n=n, bh=bh, bw=bw)  # type: ignore[misc]
@@ -408,8 +410,8 @@ class SudokuTask(ToolPlannerTask):
         self.tool_answer_text = SUDOKU_TOOL_ANSWER.format(n=n, example_line=example.split("\n")[0])  # type: ignore[misc]
         self.inputs_text = SUDOKU_INPUTS.format(n=n, bh=bh, bw=bw)  # type: ignore[misc]
 
-    def generate(self, seed: int) -> Problem:
-        return _cached_sudoku(seed, self.n, self.blanks)
+    def params(self) -> tuple[Any, ...]:
+        return (self.n, self.blanks)
 
     def board(self, problem: Problem) -> str:
         return sudoku_board(problem["puzzle"], problem["n"])
@@ -445,11 +447,6 @@ def _example_grid(n: int) -> str:
     """A solved grid that is not any instance's (the prompt's format example): the base pattern."""
     bh, bw = BOX_SHAPES[n]
     return "\n".join("".join(str((bw * (r % bh) + r // bh + c) % n + 1) for c in range(n)) for r in range(n))
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_sudoku(seed: int, n: int, blanks: int) -> dict[str, Any]:
-    return generate_sudoku(seed, n, blanks)
 
 
 # ----------------------------------------------------------------------------------------- sokoban
@@ -688,7 +685,8 @@ class SokobanTask(ToolPlannerTask):
         tool_timeout_s: wall-clock limit of the tool's program.
     """
 
-    family: ClassVar[str] = "sokoban"
+    generator = staticmethod(generate_sokoban)
+    key_fields: ClassVar[tuple[str, ...]] = ("room",)
     answer_components: ClassVar[tuple[str, ...]] = SOKOBAN_COMPONENTS
     reward_components: ClassVar[tuple[str, ...]] = (*SOKOBAN_COMPONENTS, "tool")
     max_reward: ClassVar[float] = SOKOBAN_MAX_REWARD + TOOL_REWARD
@@ -720,8 +718,8 @@ class SokobanTask(ToolPlannerTask):
         self.inner_walls = check_int("inner_walls", params["inner_walls"], 0, max_inner_walls(self.size))
         self.min_moves = check_int("min_moves", params["min_moves"], 1, max_min_moves(self.size, self.boxes))
 
-    def generate(self, seed: int) -> Problem:
-        return _cached_sokoban(seed, self.size, self.boxes, self.inner_walls, self.min_moves)
+    def params(self) -> tuple[Any, ...]:
+        return (self.size, self.boxes, self.inner_walls, self.min_moves)
 
     def board(self, problem: Problem) -> str:
         parsed = parse_room(problem["room"])
@@ -772,11 +770,6 @@ class SokobanTask(ToolPlannerTask):
 
     def solve(self, problem: Problem) -> str:
         return f"Answer: {problem['solution']}"
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_sokoban(seed: int, size: int, boxes: int, inner_walls: int, min_moves: int) -> dict[str, Any]:
-    return generate_sokoban(seed, size, boxes, inner_walls, min_moves)
 
 
 register("puzzle/sudoku4-v0", SudokuTask, protocol="parallel", n=4,
