@@ -1,11 +1,13 @@
 """Generated planning/puzzle families: instances generated per second, and env steps per second.
 
-Instances: each family's generator at its default (medium) difficulty on fresh train seeds (the env's
-instance cache bypassed), the median over ``--repeats`` runs. The target is >= 10,000 instances/s
-for plan-path and sudoku4.
+Instances: train-split instances per second at each family's default (medium) difficulty on fresh
+indices (what ``reset`` pays: eval-class rejection included, no cache hits), and the bare generator's
+calls per second; medians over ``--repeats`` runs. The target is >= 10,000 instances/s for
+plan-path and sudoku4.
 
-Env steps: a parallel env of each registered id, one-turn episodes of ``reset`` + ``step`` with
-strings (the planner gives the reference answer, so the whole reward is computed), in two settings:
+Env steps: a fresh parallel env of each family on fresh train instances, one-turn episodes of
+``reset`` + ``step`` with strings (the planner gives the reference answer, so the whole reward is
+computed), in two settings:
 
 - ``no_tool``: the tool's response is prose that does not parse as Python, so no program runs: the
   env's own cost (prompts, tokenization, reward, infos).
@@ -34,38 +36,45 @@ from llm_envs.procgen import TRAIN_SEED_OFFSET
 from llm_envs.tasks.planning import generate_plan_path
 from llm_envs.tasks.puzzle import generate_sokoban, generate_sudoku
 
-GENERATORS = {
-    "plan-path": lambda seed: generate_plan_path(seed, size=7, wall_fraction=0.3),
-    "sudoku4": lambda seed: generate_sudoku(seed, n=4, blanks=8),
-    "sudoku9": lambda seed: generate_sudoku(seed, n=9, blanks=44),
-    "sokoban": lambda seed: generate_sokoban(seed, size=7, boxes=2, inner_walls=3, min_moves=8),
+FAMILIES = {
+    "plan-path": ("planning/plan-path-v0", lambda seed: generate_plan_path(seed, size=7, wall_fraction=0.3)),
+    "sudoku4": ("puzzle/sudoku4-v0", lambda seed: generate_sudoku(seed, n=4, blanks=8)),
+    "sudoku9": ("puzzle/sudoku9-v0", lambda seed: generate_sudoku(seed, n=9, blanks=44)),
+    "sokoban": ("puzzle/sokoban-v0", lambda seed: generate_sokoban(seed, size=7, boxes=2, inner_walls=3, min_moves=8)),
 }
 SLOW = {"sudoku9": 20, "sokoban": 10}  # these generate far fewer instances per run (divisor of --instances)
-ENV_IDS = ["planning/plan-path-v0", "puzzle/sudoku4-v0", "puzzle/sudoku9-v0", "puzzle/sokoban-v0"]
 NOT_CODE = "I would search the board breadth-first and print the answer."
 
 
-def instances_per_s(name: str, count: int, repeat: int) -> float:
-    generate = GENERATORS[name]
-    start_seed = TRAIN_SEED_OFFSET + 10_000_000 * (repeat + 1)  # fresh seeds every run
-    start = time.perf_counter()
-    for seed in range(start_seed, start_seed + count):
-        generate(seed)
+def instances_per_s(name: str, count: int, repeat: int, via_split: bool) -> float:
+    """Generator calls per second on fresh seeds, or (``via_split``) train-split instances per second on
+    fresh indices: what ``reset`` pays, eval-class rejection and caching included."""
+    env_id, generate = FAMILIES[name]
+    first = 10_000_000 * (repeat + 1)
+    if via_split:
+        train = llm_envs.make(env_id).task.problems("train")
+        start = time.perf_counter()
+        for index in range(first, first + count):
+            train[index]
+    else:
+        start = time.perf_counter()
+        for seed in range(TRAIN_SEED_OFFSET + first, TRAIN_SEED_OFFSET + first + count):
+            generate(seed)
     return count / (time.perf_counter() - start)
 
 
 def steps_per_s(env_id: str, episodes: int, with_tool: bool, repeat: int) -> float:
+    """reset + step per second of a fresh env on fresh train instances (generated and solved before the
+    clock starts, so this is the env's cost: prompts, tokenization, reward and, with the tool, its run)."""
     env = llm_envs.make(env_id, max_new_tokens=512)
     tool = env.task.reference_program if with_tool else NOT_CODE
-    # Instances generated (and reference answers solved) before timing: this measures the env.
-    seeds = [repeat * 100_000 + k for k in range(episodes)]
-    answers = []
-    for seed in seeds:
-        env.reset(seed=seed)
-        answers.append(env.task.solve(env.problem))
+    first = 1_000_000 * (repeat + 1) + (1000 if with_tool else 0)  # instances no other run has used
+    indices = range(first, first + episodes)
+    train = env.task.problems("train")
+    answers = [env.task.solve(train[i]) for i in indices]
     start = time.perf_counter()
-    for seed, answer in zip(seeds, answers):
-        env.reset(seed=seed)
+    for index, answer in zip(indices, answers):
+        env.reset(options={"task_index": index})
         env.step({"tool": tool, "planner": answer})
     return episodes / (time.perf_counter() - start)
 
@@ -81,14 +90,15 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
 
-    out: dict = {"instances_per_s": {}, "env_steps_per_s": {}, "repeats": args.repeats,
-                 "cores": os.cpu_count(), "python": platform.python_version()}
-    for name in GENERATORS:
+    out: dict = {"instances_per_s": {}, "generator_calls_per_s": {}, "env_steps_per_s": {},
+                 "repeats": args.repeats, "cores": os.cpu_count(), "python": platform.python_version()}
+    for name in FAMILIES:
         count = max(1, args.instances // SLOW.get(name, 1))
-        runs = [instances_per_s(name, count, r) for r in range(args.repeats)]
-        out["instances_per_s"][name] = round(statistics.median(runs), 1)
-    for env_id in ENV_IDS:
-        llm_envs.make(env_id).reset(seed=0)  # tokenizer loaded, caches warm
+        for key, via_split in (("instances_per_s", True), ("generator_calls_per_s", False)):
+            runs = [instances_per_s(name, count, r, via_split) for r in range(args.repeats)]
+            out[key][name] = round(statistics.median(runs), 1)
+    for env_id, _ in FAMILIES.values():
+        llm_envs.make(env_id).reset(seed=0)  # the tokenizer loaded before the clock starts
         plain = [steps_per_s(env_id, args.episodes, False, r) for r in range(args.repeats)]
         tool = [steps_per_s(env_id, args.tool_episodes, True, r) for r in range(args.repeats)]
         out["env_steps_per_s"][env_id] = {"no_tool": round(statistics.median(plain), 1),
