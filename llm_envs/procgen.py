@@ -520,6 +520,14 @@ class ToolPlannerTask(Task):
         """The reference solver's answer (an optimal one), as the planner would write it."""
         raise NotImplementedError
 
+    def answer_prompt(self, problem: Problem) -> str:
+        """How the planner must answer (default :attr:`answer_text`)."""
+        return self.answer_text
+
+    def tool_answer_prompt(self, problem: Problem) -> str:
+        """What the tool program must print (default :attr:`tool_answer_text`)."""
+        return self.tool_answer_text
+
     # -- the Task interface
     def generate(self, seed: int) -> Problem:
         """The instance of instance seed ``seed`` at this task's difficulty (cached)."""
@@ -536,15 +544,15 @@ class ToolPlannerTask(Task):
         task = self.task_text
         if role == "tool":
             parts: list[str | Response] = [TOOL_PROMPT.format(
-                task=task, board=self.board(problem), inputs=self.inputs_text, tool_answer=self.tool_answer_text,
-                timeout=self.tool_timeout_s, chars=TOOL_OUTPUT_CHARS)]
+                task=task, board=self.board(problem), inputs=self.inputs_text,
+                tool_answer=self.tool_answer_prompt(problem), timeout=self.tool_timeout_s, chars=TOOL_OUTPUT_CHARS)]
         elif role == "planner":
             section = ""
             if "tool" in context.visible:
                 run = self.run_tool(problem, context.visible["tool"].text)
                 section = TOOL_SECTION.format(run=run.describe())
             parts = [PLANNER_PROMPT.format(task=task, board=self.board(problem), tool_section=section,
-                                           answer=self.answer_text)]
+                                           answer=self.answer_prompt(problem))]
         else:
             raise KeyError(f"Unknown role {role!r}; this task's roles are {self.roles}.")
         previous = context.previous(role)

@@ -386,3 +386,17 @@ def test_instance_random_draws_only_with_random():
     assert procgen.shuffled(rng, range(10)) == procgen.shuffled(again, range(10))
     with pytest.raises(ValueError, match="instance seed must be an int >= 0, got -1"):
         procgen.instance_random("x", (), -1)
+
+
+def test_the_sudoku_prompts_format_example_never_is_the_solution():
+    from llm_envs.tasks.puzzle import _example_grid
+
+    pattern = "1234\n3412\n2341\n4123"
+    solution = tuple(int(d) for d in pattern if d.isdigit())
+    assert _example_grid({"n": 4, "solution": solution}) == "2341\n4123\n3412\n1234"
+    other = tuple(reversed(solution))
+    assert _example_grid({"n": 4, "solution": other}) == pattern
+    task = llm_envs.make("puzzle/sudoku4-v0").task
+    problem = {**task.problems("eval")[0], "solution": solution}
+    assert "Answer:\n2341\n4123\n3412\n1234" in task.answer_prompt(problem)
+    assert "for example 2341 on the first line" in task.tool_answer_prompt(problem)

@@ -404,11 +404,14 @@ class SudokuTask(ToolPlannerTask):
         self.n, self.difficulty = n, difficulty
         self.blanks = check_int("blanks", params["blanks"], 1, MAX_BLANKS[n])
         bh, bw = BOX_SHAPES[n]
-        example = _example_grid(n)
         self.task_text = SUDOKU_TASK.format(n=n, bh=bh, bw=bw)  # type: ignore[misc]
-        self.answer_text = SUDOKU_ANSWER.format(n=n, example=example)  # type: ignore[misc]
-        self.tool_answer_text = SUDOKU_TOOL_ANSWER.format(n=n, example_line=example.split("\n")[0])  # type: ignore[misc]
         self.inputs_text = SUDOKU_INPUTS.format(n=n, bh=bh, bw=bw)  # type: ignore[misc]
+
+    def answer_prompt(self, problem: Problem) -> str:
+        return SUDOKU_ANSWER.format(n=problem["n"], example=_example_grid(problem))
+
+    def tool_answer_prompt(self, problem: Problem) -> str:
+        return SUDOKU_TOOL_ANSWER.format(n=problem["n"], example_line=_example_grid(problem).split("\n")[0])
 
     def params(self) -> tuple[Any, ...]:
         return (self.n, self.blanks)
@@ -443,10 +446,15 @@ class SudokuTask(ToolPlannerTask):
         return solve_sudoku(problem)
 
 
-def _example_grid(n: int) -> str:
-    """A solved grid that is not any instance's (the prompt's format example): the base pattern."""
+def _example_grid(problem: Problem) -> str:
+    """The prompt's format example: a solved grid (the base pattern) that is not this instance's
+    solution (its digits shifted by one when it would be), so the example never gives the answer away."""
+    n = problem["n"]
     bh, bw = BOX_SHAPES[n]
-    return "\n".join("".join(str((bw * (r % bh) + r // bh + c) % n + 1) for c in range(n)) for r in range(n))
+    grid = [(bw * (r % bh) + r // bh + c) % n + 1 for r in range(n) for c in range(n)]
+    if tuple(grid) == tuple(problem["solution"]):
+        grid = [d % n + 1 for d in grid]
+    return "\n".join("".join(map(str, grid[r * n : (r + 1) * n])) for r in range(n))
 
 
 # ----------------------------------------------------------------------------------------- sokoban
