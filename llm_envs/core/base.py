@@ -58,6 +58,9 @@ OBS_FORMATS = ("dict", "flat")
 # tokenizer template emits, so splitting on it is unambiguous.
 _SPLICE = "\ue000"
 
+OBS_CACHE_SIZE = 4096
+"""First-turn observations kept per env (oldest dropped first)."""
+
 ENV_KWARGS = (
     "tokenizer",
     "max_prompt_tokens",
@@ -395,6 +398,8 @@ class LLMEnvCore:
         text = self._tok.tokenizer.decode(ids, skip_special_tokens=False)
         entry = (obs, mask, n, truncated, text)
         if cacheable:
+            if len(self._obs_cache) >= OBS_CACHE_SIZE:  # generated splits have unbounded task indices
+                del self._obs_cache[next(iter(self._obs_cache))]
             self._obs_cache[key] = entry
         self._episode_cache[episode_key] = entry
         return entry
@@ -625,6 +630,7 @@ class LLMEnvCore:
     def transcript(self) -> str:
         """The episode so far as text: prompts, responses, rewards and feedback, turn by turn."""
         lines = [f"=== {self.env_id} | split={self._split} task_index={self._task_index} ==="]
+        turn = 0
         for kind, role, text in self._transcript:
             if kind == "prompt":
                 lines.append(f"--- prompt [{role}] ---\n{text}")
@@ -632,6 +638,12 @@ class LLMEnvCore:
                 lines.append(f"--- response [{role}] ---\n{text}")
             elif kind == "reward":
                 lines.append(f"--- reward: {text}")
+                if turn < len(self._history):
+                    outputs = {r: o.text for r, o in self._history[turn].outputs.items()}
+                    board = self.task.render_turn(self._problem, outputs)
+                    if board:
+                        lines.append(f"--- board ---\n{board}")
+                turn += 1
             else:
                 lines.append(f"--- feedback [{role}] ---\n{text}")
         return "\n".join(lines)

@@ -129,6 +129,11 @@ class Task:
         text = f"Your team's previous attempt scored {total:.2f} ({parts}). Improve on it."
         return dict.fromkeys(self.roles, text)
 
+    def render_turn(self, problem: Problem, outputs: Mapping[str, str]) -> str | None:
+        """Text drawn after a finished turn in the ``ansi`` render, for example the board with the
+        roles' answers applied; None (the default) draws nothing."""
+        return None
+
     def check_split(self, split: str) -> str:
         if split not in SPLITS:
             raise ValueError(f"Unknown split {split!r}; expected one of {SPLITS}.")
