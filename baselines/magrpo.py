@@ -100,7 +100,7 @@ class Config:
     micro_batch_size: int = 0
     """Responses per forward/backward in the update (gradient accumulation): the same gradient up to
     float rounding, with peak memory bounded by this many rows; 0 = all of a turn's rows at once."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 1024
     """Token budget of one forward/backward of the update: a turn's rows are split so that rows x
     (prompt + response columns) stays within it (at least one row per pass), which bounds the update's
     activation memory whatever the batch and prompt sizes; the gradient is the same up to float
@@ -132,7 +132,8 @@ class Config:
     device: str | None = None
     """torch device; unset picks a GPU when present."""
     dtype: str | None = None
-    """Model dtype: float32 on CPU by default, bfloat16 on a GPU."""
+    """Base model dtype: unset = bfloat16 on a GPU or on a CPU with native bf16 (avx512_bf16 / AMX), else
+    float32 (``agents.models.resolve_dtype``); adapters, value heads and optimizer states stay float32."""
     backend: Literal["auto", "engine", "generate"] = "auto"
     """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
     else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""

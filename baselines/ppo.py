@@ -132,7 +132,8 @@ class Config:
     device: str | None = None
     """torch device; unset picks a GPU when present."""
     dtype: str | None = None
-    """Model dtype: float32 on CPU by default, bfloat16 on a GPU."""
+    """Base model dtype: unset = bfloat16 on a GPU or on a CPU with native bf16 (avx512_bf16 / AMX), else
+    float32 (``agents.models.resolve_dtype``); adapters, value heads and optimizer states stay float32."""
     backend: Literal["auto", "engine", "generate"] = "auto"
     """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
     else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""
