@@ -5,10 +5,12 @@
 * ``"mode": "single"`` (the fallback path): limit, isolate and unprivilege this very process, then
   serve one program on the request/response pipes and exit.
 * ``"mode": "fork_server"`` (the fast path, root only): set up once what every program shares (the
-  interpreter with common modules imported, a network namespace, the hidden file-system view), then
-  for every ``run`` request on the control socket fork a child that gets its own PID, mount and IPC
-  namespaces, mounts its own size-capped tmpfs scratch, drops to the run's uid and limits and serves
-  one program. The server itself never runs program code, so nothing a program does reaches the next.
+  interpreter with common modules imported, a PID namespace whose init is the server, a network
+  namespace, the hidden file-system view), then for every ``run`` request on the control socket move
+  to a fresh IPC namespace, mount a fresh size-capped tmpfs scratch and fork a child that drops to the
+  run's uid and limits and serves one program; on ``end`` kill every process of the PID namespace but
+  the server and unmount the scratch. The server itself never runs program code, so nothing a program does
+  reaches the next.
 
 Nothing here imports ``llm_envs``: the caller imports this module only for :func:`encode`.
 """
@@ -16,6 +18,7 @@ Nothing here imports ``llm_envs``: the caller imports this module only for :func
 from __future__ import annotations
 
 import builtins
+import gc
 import json
 import os
 import resource
@@ -33,7 +36,7 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 38, 36
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 VIEW_DEVICES = ("null", "zero", "random", "urandom")
 """Device nodes the program sees under ``/dev`` (bound from the host)."""
@@ -235,7 +238,10 @@ def single(cfg: dict[str, Any]) -> NoReturn:
 
 
 class _ForkServer:
-    """Runs as root inside its own mount and network namespaces, in the hidden view."""
+    """Runs as root, as the init (pid 1) of its own PID namespace, inside its own mount and network
+    namespaces, in the hidden view. Program processes are the only other members of its PID
+    namespace: after each program one ``kill(-1)`` ends every process it started, and if the server
+    dies the kernel kills them all."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         import ctypes
@@ -249,6 +255,8 @@ class _ForkServer:
         self.cfg = cfg
         self.control = socket.socket(fileno=cfg["control_fd"])
         self.child: int | None = None
+        self.scratch_mounted = False
+        self.devnull = -1
 
     # -- set-up, once ------------------------------------------------------------------------------
     def _check(self, result: int, step: str) -> None:
@@ -260,6 +268,17 @@ class _ForkServer:
                step: str) -> None:
         encoded = [None if v is None else v.encode() for v in (source, target, fstype, data)]
         self._check(self.libc.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]), step)
+
+    def enter_pid_namespace(self) -> None:
+        """Fork into a new PID namespace as its init; the launcher process stays outside, tells the
+        caller the server's pid, waits for it and exits with its status."""
+        self._check(self.libc.unshare(CLONE_NEWPID), "unshare(pid)")
+        server = os.fork()
+        if server:
+            self._send({"pid": server})
+            self.control.close()
+            _, status = os.waitpid(server, 0)
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
     def preload(self) -> None:
         """Import the modules programs commonly use: once here instead of once per program, and so
@@ -311,63 +330,43 @@ class _ForkServer:
                     "making the view read-only")
 
     # -- per program ------------------------------------------------------------------------------
+    # Work done here, in the server before the fork, costs no copy-on-write page faults: a fork
+    # shares the server's pages with the child, and Python touches (refcounts) every object it uses.
+
     def run(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        """Fork the program's process: a short-lived child makes the new PID/mount/IPC namespaces
-        and forks the program as their init (pid 1), so that all it starts dies with it."""
-        if self.child is not None or len(fds) != 4:
+        """Give the next program a fresh IPC namespace and scratch tmpfs, then fork its process."""
+        try:
+            if self.child is not None or len(fds) != 4:
+                return {"error": "bad run request (a program is still running or fds are missing)"}
+            uid = request["uid"]
+            try:
+                # The server moves to a new IPC namespace: the last one, with any System V objects
+                # of the last program, is freed with it.
+                self._check(self.libc.unshare(CLONE_NEWIPC), "unshare(ipc)")
+                self._mount("tmpfs", SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                            f"size={request['disk_bytes']},nr_inodes={request['disk_files']},mode=700,"
+                            f"uid={uid},gid={uid}", "mounting the scratch tmpfs")
+                self.scratch_mounted = True
+                child = os.fork()
+            except OSError as error:
+                return {"error": str(error)}
+            if child == 0:
+                try:
+                    self._program_child(request, fds)
+                finally:
+                    os._exit(127)
+            self.child = child
+            return {"pid": child}
+        finally:
             for fd in fds:
                 os.close(fd)
-            return {"error": "bad run request (a program is still running or fds are missing)"}
-        pid_r, pid_w = os.pipe()
-        go_r, go_w = os.pipe()
-        first = os.fork()
-        if first == 0:
-            try:
-                os.close(pid_r)
-                os.close(go_w)
-                if self.libc.unshare(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC) != 0:
-                    os._exit(self.ctypes.get_errno() or 1)
-                program = os.fork()
-                if program:
-                    os.write(pid_w, program.to_bytes(4, "big"))
-                    os._exit(0)
-                os.close(pid_w)
-                self._program_child(request, fds, go_r)
-            finally:
-                os._exit(127)
-        os.close(pid_w)
-        os.close(go_r)
-        for fd in fds:
-            os.close(fd)
-        data = b""
-        while chunk := os.read(pid_r, 4):
-            data += chunk
-        os.close(pid_r)
-        _, status = os.waitpid(first, 0)
-        if len(data) != 4:
-            os.close(go_w)
-            code = os.waitstatus_to_exitcode(status)
-            return {"error": f"could not create the program's namespaces: {os.strerror(code) if code > 0 else code}"}
-        # The program's process is now our child (we are a subreaper): let it go on.
-        self.child = int.from_bytes(data, "big")
-        os.write(go_w, b"g")
-        os.close(go_w)
-        return {"pid": self.child}
 
-    def _program_child(self, request: dict[str, Any], fds: list[int], go_r: int) -> NoReturn:
+    def _program_child(self, request: dict[str, Any], fds: list[int]) -> NoReturn:
+        """The program's process, until it runs the program: descriptors, limits, uid, cwd."""
         req, resp, out, err = fds
-        if os.read(go_r, 1) != b"g":
-            os._exit(0)
-        os.close(go_r)
-        uid = request["uid"]
         channel = resp
         try:
-            self._mount("tmpfs", SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                        f"size={request['disk_bytes']},nr_inodes={request['disk_files']},mode=700,"
-                        f"uid={uid},gid={uid}", "mounting the scratch tmpfs")
-            devnull = os.open("/dev/null", os.O_RDONLY)
-            # stdin, stdout, stderr, requests, responses on 0-4, the server's liveness pipe on 5.
-            keep = [devnull, out, err, req, resp, self.cfg["life_fd"]]
+            keep = [self.devnull, out, err, req, resp]  # stdin, stdout, stderr, requests, responses: 0-4
             base = max(keep) + 1
             high = [self.fcntl.fcntl(fd, self.fcntl.F_DUPFD, base) for fd in keep]
             for i, fd in enumerate(high):
@@ -375,13 +374,7 @@ class _ForkServer:
             channel = 4
             os.closerange(len(keep), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             _set_rlimits(request["rlimits"])
-            _drop_privileges(uid)
-            self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-            # Set after the uid change (which clears it); if the server died before, the pipe says so.
-            self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if self.select.select([5], [], [], 0)[0]:
-                os._exit(0)
-            os.close(5)
+            _drop_privileges(request["uid"])
             os.chdir(SCRATCH)
         except OSError as error:
             write_frame(channel, {"setup_error": str(error)})
@@ -389,40 +382,53 @@ class _ForkServer:
         serve_program(3, 4)
 
     def end(self, request: dict[str, Any]) -> dict[str, Any]:
-        """End the running program (after ``grace_s`` seconds for one that is already exiting) and
-        reap it; its PID namespace, scratch tmpfs and IPC objects go with it."""
-        if self.child is None:
-            return {"status": None}
-        deadline = self.time.monotonic() + min(float(request.get("grace_s", 0.0)), 5.0)
+        """End the running program (after ``grace_s`` seconds for one that is already exiting): kill
+        every other process of the namespace, reap them all and unmount the scratch. Returns the
+        program's wait status."""
         status = None
+        if self.child is not None:
+            deadline = self.time.monotonic() + min(float(request.get("grace_s", 0.0)), 5.0)
+            while True:
+                pid, found = os.waitpid(self.child, os.WNOHANG)
+                if pid:
+                    status = found
+                    break
+                if self.time.monotonic() >= deadline:
+                    break
+                self.time.sleep(0.001)
+        # As init, kill(-1) reaches every process of this PID namespace but the server itself: the
+        # program's process and anything it left behind (orphans are reparented to the server).
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # nothing left but zombies
         while True:
-            pid, found = os.waitpid(self.child, os.WNOHANG)
-            if pid:
+            try:
+                pid, found = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if pid == self.child:
                 status = found
-                break
-            if self.time.monotonic() >= deadline:
-                break
-            self.time.sleep(0.001)
-        if status is None:
-            os.kill(self.child, signal.SIGKILL)
-            _, status = os.waitpid(self.child, 0)
         self.child = None
+        if self.scratch_mounted:
+            self.scratch_mounted = False
+            self._check(self.libc.umount2(SCRATCH.encode(), MNT_DETACH), "unmounting the scratch tmpfs")
         return {"status": status}
 
     def serve(self) -> NoReturn:
-        life_r, life_w = os.pipe()  # only this process holds life_w: programs see EOF when it dies
-        self.cfg["life_fd"] = life_r
         try:
+            self.enter_pid_namespace()
             self.preload()
-            self.libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             self.build_view()
-            devnull = os.open("/dev/null", os.O_RDWR)
+            self.devnull = os.open("/dev/null", os.O_RDWR)
+            # No program gains privileges through execve (the view holds no set-uid file anyway).
+            self._check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
         except OSError as error:
             self._send({"error": str(error)})
             os._exit(1)
         self._send({"ready": True})
-        os.dup2(devnull, 2)  # the caller's set-up error pipe is closed from here on
-        os.close(devnull)
+        os.dup2(self.devnull, 2)  # the caller's set-up error pipe is closed from here on
+        gc.freeze()  # the set-up's objects: never traversed by a program's garbage collector
         while True:
             try:
                 message, fds, _, _ = self.socket.recv_fds(self.control, 65536, 8)
@@ -435,12 +441,14 @@ class _ForkServer:
             if op == "run":
                 reply = self.run(request, fds)
             elif op == "end":
-                reply = self.end(request)
+                try:
+                    reply = self.end(request)
+                except OSError as error:
+                    reply = {"error": str(error)}
             else:
                 reply = {"error": f"unknown op {op!r}"}
             self._send(reply)
-        self.end({})
-        os._exit(0)
+        os._exit(0)  # as init: the kernel kills whatever still runs in the namespace
 
     def _send(self, obj: Any) -> None:
         self.control.send(json.dumps(obj).encode())

@@ -114,6 +114,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 PROGRAM_FILENAME = "<program>"
 _FRAME_HEADER = struct.Struct(">I")
 _MAX_DECODE_DEPTH = 64
@@ -302,9 +303,10 @@ def _decode(data: Any, depth: int = 0) -> Any:
 @functools.cache
 def _namespace_flags() -> tuple[int, bool]:
     """The unshare flags of the process-per-program path, and whether they include a PID namespace.
-    Root gets new network, PID and mount namespaces; other users try a user namespace holding the first two."""
-    candidates = [CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS] if os.geteuid() == 0 else []
-    candidates.append(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)
+    Root gets new network, PID, mount and IPC namespaces; other users try a user namespace holding all
+    but the mount namespace."""
+    candidates = [CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC] if os.geteuid() == 0 else []
+    candidates.append(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC)
     for flags in candidates:
         probe = (
             "import ctypes, os\n"
@@ -449,6 +451,8 @@ class _ForkServer:
         self.programs = 0
         self.dead = False
         self.proc: subprocess.Popen | None = None
+        self.server_pid: int | None = None
+        """The server's pid as the caller sees it (its launcher, ``proc``, waits outside its PID namespace)."""
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # The server mounts its view's root here, in its own mount namespace; for everyone else it
         # stays an empty directory, removed once the server has started.
@@ -462,8 +466,12 @@ class _ForkServer:
                 pass_fds=(theirs.fileno(),), cwd="/", env=_scrubbed_env(_VIEW_SCRATCH), start_new_session=True,
             )
             theirs.close()
+            deadline = time.monotonic() + SERVER_TIMEOUT_S
             try:
-                reply = self._receive(time.monotonic() + SERVER_TIMEOUT_S)
+                reply = self._receive(deadline)  # the server's pid, from outside its PID namespace
+                if isinstance(reply.get("pid"), int):
+                    self.server_pid = reply["pid"]
+                    reply = self._receive(deadline)
             except _ServerGone as gone:
                 reply = {"error": str(gone)}
             if reply.get("ready") is not True:
@@ -484,9 +492,6 @@ class _ForkServer:
             except OSError:
                 pass
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
 
     def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
         if self.dead:
@@ -525,9 +530,11 @@ class _ForkServer:
         self.dead = True
         self.sock.close()
         if self.proc is not None and self.proc.returncode is None:
+            # The launcher leads the process group the server is in; until we reap the launcher the
+            # group id cannot name anyone else. The server's death ends its PID namespace.
             try:
-                self.proc.kill()
-            except ProcessLookupError:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
             try:
                 self.proc.wait(timeout=5.0)
@@ -792,9 +799,10 @@ class _ForkedWorker(_Channel):
         finally:
             os.close(req_r)
             os.close(resp_w)
-        if not isinstance(reply.get("pid"), int):
+        if not isinstance(reply.get("pid"), int):  # nothing of the program has run yet: the server failed
             self._close_pipes()
-            raise _WorkerGone("crashed", f"the sandbox could not start the program: {reply.get('error', reply)}")
+            server.close()
+            raise _ServerGone(f"the fork server could not start the program: {reply.get('error', reply)}")
         self.pid = reply["pid"]
         server.programs += 1
 
@@ -806,10 +814,13 @@ class _ForkedWorker(_Channel):
         if not self.ended:
             self.ended = True
             try:
-                status = self.server.request({"op": "end", "grace_s": grace_s}).get("status")
-                self.status = status if isinstance(status, int) else None
+                reply = self.server.request({"op": "end", "grace_s": grace_s})
             except _ServerGone:
-                self.status = None  # the server is closed, and the program died with it
+                reply = {}  # the server is closed, and the program died with it
+            if "error" in reply:  # it could not clean up after the program: replace it
+                self.server.close()
+            status = reply.get("status")
+            self.status = status if isinstance(status, int) else None
         return self.status
 
     def _death_reason(self) -> str:
