@@ -9,8 +9,8 @@
   namespace, the hidden file-system view), then for every ``run`` request on the control socket move
   to a fresh IPC namespace, mount a fresh size-capped tmpfs scratch and fork a child that drops to the
   run's uid and limits and serves one program; on ``end`` kill every process of the PID namespace but
-  the server and unmount the scratch. The server itself never runs program code, so nothing a program does
-  reaches the next.
+  the server and unmount the scratch. The server itself never runs program code, so nothing a program
+  does reaches the next.
 
 Nothing here imports ``llm_envs``: the caller imports this module only for :func:`encode`.
 """
@@ -262,7 +262,7 @@ class _ForkServer:
     def _check(self, result: int, step: str) -> None:
         if result != 0:
             errno = self.ctypes.get_errno()
-            raise OSError(errno, f"{step}: {os.strerror(errno)}")
+            raise OSError(f"{step}: {os.strerror(errno)} (errno {errno})")
 
     def _mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None,
                step: str) -> None:
@@ -397,12 +397,13 @@ class _ForkServer:
                     break
                 self.time.sleep(0.001)
         # As init, kill(-1) reaches every process of this PID namespace but the server itself: the
-        # program's process and anything it left behind (orphans are reparented to the server).
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # nothing left but zombies
+        # program's process and anything it left behind (orphans are reparented to the server). It is
+        # repeated before every wait, so that nothing can outlast the loop.
         while True:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # nothing left but zombies
             try:
                 pid, found = os.waitpid(-1, 0)
             except ChildProcessError:

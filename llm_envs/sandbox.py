@@ -350,14 +350,15 @@ def _probe_fork_server() -> tuple[bool, str]:
     except OSError as err:
         return False, str(err)
     expected = sorted({"dev", _VIEW_SCRATCH.strip("/"), _stdlib_dir().strip("/").split("/")[0]})
-    tests = f"def check(candidate):\n    assert candidate()[:2] == ({expected!r}, {_VIEW_SCRATCH!r})\n"
+    tests = (f"def check(candidate):\n    assert (lambda view: view[:2] == ({expected!r}, {_VIEW_SCRATCH!r})"
+             f" and view[2] != 0)(candidate())\n")
     runner = _Runner(SandboxJob(_PROBE_PROGRAM, tests, "view", limits=SandboxLimits(timeout_s=30.0,
                                                                                   test_timeout_s=30.0)),
                      fast=True, server=server)
-    result = runner.run()
+    result = runner.run()  # the runner gives the server back to the idle list
     if not result.all_passed:
-        _give_back_server(server, healthy=False)
-        detail = result.load_error or "; ".join(f"{o.status}: {o.message}" for o in result.outcomes)
+        _close_idle_servers()
+        detail = result.load_error or "; ".join(f"{o.status}: {o.message}" for o in result.outcomes) or result.reason
         return False, f"a probe program did not run as expected in the fork server ({detail})"
     return True, ""
 
@@ -515,14 +516,15 @@ class _ForkServer:
                 raise _ServerGone(f"the fork server did not answer within {SERVER_TIMEOUT_S:g} s")
             if select.select([self.sock], [], [], remaining)[0]:
                 break
+        data = b""
         try:
             data = self.sock.recv(65536)
             reply = json.loads(data) if data else None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # reset by a dying server, or not JSON
             reply = None
         if not isinstance(reply, dict):
             self.close()
-            raise _ServerGone("the fork server exited" if not data else "the fork server broke its protocol")
+            raise _ServerGone("the fork server broke its protocol" if data else "the fork server exited")
         return reply
 
     def close(self) -> None:
@@ -549,15 +551,19 @@ _idle_servers_lock = threading.Lock()
 def _take_server() -> _ForkServer:
     """An idle fork server (the most recently used one), or a new one."""
     with _idle_servers_lock:
-        if _idle_servers:
-            return _idle_servers.pop()
+        while _idle_servers:
+            server = _idle_servers.pop()
+            if not server.dead:
+                return server
     return _ForkServer()
 
 
-def _give_back_server(server: _ForkServer, healthy: bool) -> None:
-    if healthy and not server.dead and server.programs < PROGRAMS_PER_SERVER:
+def _give_back_server(server: _ForkServer) -> None:
+    """Keep a healthy server for the next run. As many are kept as ran at once (at most one per uid
+    slot, since a run holds a uid), so that callers with their own threads do not restart servers."""
+    if not server.dead and server.programs < PROGRAMS_PER_SERVER:
         with _idle_servers_lock:
-            if len(_idle_servers) < _pool_size() + 1:
+            if len(_idle_servers) < NUM_UID_SLOTS:
                 _idle_servers.append(server)
                 return
     server.close()
@@ -572,13 +578,15 @@ def _close_idle_servers() -> None:
 
 
 def _forget_after_fork() -> None:
-    """In a child forked from the caller: the pool, servers and uid slots belong to the parent."""
-    global _pool, _uid_slots
+    """In a child forked from the caller: the pool, servers and uid slots belong to the parent (and a
+    lock another thread held at the fork would stay held here)."""
+    global _pool, _pool_lock, _uid_slots, _uid_slots_lock, _idle_servers_lock, _fork_server_probe_lock
     for server in _idle_servers:
         server.sock.close()
     _idle_servers.clear()
-    _pool = None
-    _uid_slots = None
+    _pool, _uid_slots = None, None
+    _pool_lock, _uid_slots_lock = threading.Lock(), threading.Lock()
+    _idle_servers_lock, _fork_server_probe_lock = threading.Lock(), threading.Lock()
 
 
 atexit.register(_close_idle_servers)
@@ -1054,7 +1062,7 @@ class _Runner:
                 self.worker.kill()
                 self.worker = None
             if self.server is not None:
-                _give_back_server(self.server, healthy=True)
+                _give_back_server(self.server)
                 self.server = None
             if self.capture is not None:
                 for fd in self.capture:

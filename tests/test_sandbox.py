@@ -45,6 +45,8 @@ def sandbox_path(request, monkeypatch) -> str:
     """Run the test on one path: the fork server (where this host allows it) or the fallback."""
     if request.param == "fork_server":
         fast, reason = sandbox._fork_server_status()
+        if not fast and os.geteuid() == 0 and os.environ.get(FORK_SERVER_ENV) != "0":
+            pytest.fail(f"the fork server should run here (root on Linux) but does not: {reason}")
         if not fast:
             pytest.skip(f"the fork server does not run on this host: {reason}")
     else:
@@ -519,3 +521,32 @@ def test_bad_disk_limits_fail_clearly():
         SandboxLimits(max_disk_files=1.5)
 
 
+
+
+def test_a_forked_caller_makes_its_own_pool_and_servers(sandbox_path):
+    assert run_many([SandboxJob(GOOD, TESTS, "inc", limits=FAST)] * 3)[0].all_passed  # pool and servers exist
+    parents = _server_pids()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # a data-loader worker, say
+        try:
+            results = run_many([SandboxJob(GOOD, TESTS, "inc", limits=FAST)] * 3)
+            report = f"{sum(r.passed for r in results)} {sorted(_server_pids() & parents)}"
+            os.write(write_end, report.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    report = os.read(read_end, 1000).decode()
+    os.close(read_end)
+    os.waitpid(child, 0)
+    assert report == "9 []"  # all passed, on servers of its own
+    assert _server_pids() == parents and _run(GOOD).all_passed
+
+
+@pytest.mark.parametrize("sandbox_path", ["fork_server"], indirect=True)
+def test_a_fork_server_that_cannot_start_says_why_and_the_probe_falls_back(sandbox_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_stdlib_dir", lambda: "/nonexistent/python3")
+    with pytest.raises(OSError, match="fork server did not start: binding the standard library: No such file"):
+        sandbox._ForkServer()
+    fast, reason = sandbox._probe_fork_server()
+    assert not fast and "binding the standard library" in reason
