@@ -493,7 +493,6 @@ class _ForkServer:
             except OSError:
                 pass
 
-
     def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
         if self.dead:
             raise _ServerGone("the fork server was closed")
@@ -528,7 +527,7 @@ class _ForkServer:
         return reply
 
     def close(self) -> None:
-        """Stop the server (and with it any program it still runs: they die with their parent)."""
+        """Stop the server (and with it any program it still runs: it is their PID namespace's init)."""
         self.dead = True
         self.sock.close()
         if self.proc is not None and self.proc.returncode is None:
