@@ -468,13 +468,33 @@ def test_a_dead_fork_server_is_replaced(sandbox_path):
     assert _run(GOOD).all_passed
     assert victim.dead and victim.server_pid not in _server_pids()
     # A server killed while a program runs: that test fails, the caller neither hangs nor crashes.
-    program = "import time\ndef inc(x):\n    time.sleep(0.5)\n    return x + 1\n"
     busy = list(sandbox._idle_servers)
-    killer = threading.Timer(0.2, lambda: [os.kill(s.server_pid, signal.SIGKILL) for s in busy])
+
+    def kill_the_server_once_a_program_runs() -> None:
+        """Kill the server whose program has been running for a second (loaded, inside the call)."""
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for server in busy:
+                try:
+                    with open(f"/proc/{server.server_pid}/task/{server.server_pid}/children") as fh:
+                        child = fh.read().strip()
+                except OSError:  # a server that is gone already
+                    continue
+                if child and time.monotonic() - seen.setdefault(child, time.monotonic()) > 1.0:
+                    os.kill(server.server_pid, signal.SIGKILL)
+                    return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_server_once_a_program_runs)
     killer.start()
-    result = _run(program, "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n")
+    program = "import time\ndef inc(x):\n    if x == 1:\n        time.sleep(5)\n    return x + 1\n"
+    limits = SandboxLimits(timeout_s=20.0, test_timeout_s=10.0)
+    result = _run(program, "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n",
+                  limits=limits)
     killer.join()
-    assert result.outcomes[0].status == "error" and result.outcomes[1].status == "passed"
+    assert [o.status for o in result.outcomes] == ["error", "passed"], result.outcomes
+    assert result.duration_s < 5  # the caller noticed at once, it did not wait for the sleep
     assert _run(GOOD).all_passed
 
 
