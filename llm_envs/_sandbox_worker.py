@@ -244,13 +244,13 @@ class _ForkServer:
     dies the kernel kills them all."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
+        # Imported here, not at the top: the caller imports this module for ``encode`` only.
         import ctypes
         import fcntl
-        import select
         import socket
         import time
 
-        self.ctypes, self.fcntl, self.select, self.socket, self.time = ctypes, fcntl, select, socket, time
+        self.ctypes, self.fcntl, self.socket, self.time = ctypes, fcntl, socket, time
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.cfg = cfg
         self.control = socket.socket(fileno=cfg["control_fd"])
