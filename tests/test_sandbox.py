@@ -59,12 +59,17 @@ def _server_pids() -> set[int]:
     return {pid for s in sandbox._idle_servers for pid in (s.server_pid, s.proc.pid if s.proc else None) if pid}
 
 
+def _slot_uids() -> range:
+    """The uids this process's runs get (as root)."""
+    if os.geteuid() != 0:
+        return range(0)
+    first = UNPRIVILEGED_UID_BASE + (os.getpid() % 100_000) * NUM_UID_SLOTS
+    return range(first, first + NUM_UID_SLOTS)
+
+
 def _own_sandbox_processes() -> list[int]:
     """Live processes started by this test process's sandbox runs, the fork servers excepted."""
-    uids = set()
-    if os.geteuid() == 0:
-        first = UNPRIVILEGED_UID_BASE + (os.getpid() % 100_000) * NUM_UID_SLOTS
-        uids = set(range(first, first + NUM_UID_SLOTS))
+    uids = set(_slot_uids())
     servers = _server_pids()
     found = []
     for entry in os.scandir("/proc"):
@@ -502,11 +507,13 @@ def test_a_dead_fork_server_is_replaced(sandbox_path):
                          indirect=True)
 def test_a_thousand_programs_leak_no_process_fd_mount_or_directory(sandbox_path):
     scratch = os.path.join(tempfile.gettempdir(), "llm-envs-sandbox-")
+    owners = {os.getuid()} | set(_slot_uids())  # the temporary directory is shared with other processes
 
     def leftovers() -> tuple:
         mounts = sorted(len(open(f"/proc/{pid}/mountinfo").read().splitlines())
                         for pid in (s.server_pid for s in sandbox._idle_servers))
-        dirs = sorted(e.name for e in os.scandir(tempfile.gettempdir()) if e.path.startswith(scratch))
+        dirs = sorted(e.name for e in os.scandir(tempfile.gettempdir())
+                      if e.path.startswith(scratch) and e.stat().st_uid in owners)
         return len(os.listdir("/proc/self/fd")), mounts, dirs
 
     jobs = [SandboxJob(GOOD if i % 3 else "import os\ndef inc(x):\n    os.fork()\n    return x\n", TESTS, "inc",
