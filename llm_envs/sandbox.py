@@ -1,21 +1,33 @@
 """Isolated execution of generated code, with per-assertion results the program cannot forge.
 
 Model-written code is hostile. This module never ``exec``\\ s it in the caller's process. Each program
-runs in a fresh ``python -I -S`` worker process with resource limits, its own scratch directory, a
-scrubbed environment and (where the OS allows it) its own network and PID namespaces, under an
-unprivileged uid when the caller is root. See ``docs/sandbox.md`` for the threat model and the exact
-list of what is enforced.
+runs in a process of its own with resource limits, a scrubbed environment, its own PID, network,
+mount and IPC namespaces and an unprivileged uid; it sees a minimal file tree (the standard library
+read-only and a size-capped tmpfs scratch directory) instead of the host's files.
+
+Two paths (``isolation_report()["path"]`` says which one runs):
+
+* ``"fork_server"`` (root on Linux): one warm server process per pool slot has done the expensive
+  set-up once (interpreter start, common imports, the network namespace and the hidden file-system
+  view) and forks one short-lived child per program; the child makes its PID, mount and IPC
+  namespaces, mounts its scratch, drops to the run's uid and limits, and runs the program. The
+  server never runs program code; a server that dies or misbehaves is replaced.
+* ``"process_per_program"`` (the fallback where the OS refuses the above): a fresh ``python -I -S``
+  per program with the limits, the namespaces the OS allows and (as root) its own uid; the file
+  system is not hidden and the disk is capped per file only.
+
+See ``docs/sandbox.md`` for the threat model and the exact list of what is enforced on each path.
 
 How a test is judged
 --------------------
 The tests (dataset code, trusted) run in the *caller*, in the pool thread that handles the program.
-Inside them, ``candidate`` (the entry point) is a proxy: each call sends its arguments to the worker
-over a private pipe, the worker calls the real function and sends back the return value encoded as
-plain data (ints, floats, strings, lists, tuples, dicts, sets, ...; anything else comes back as an
-opaque value that equals nothing). The assertion is evaluated by the caller on those values. So the
-program controls only what its function returns, which is what is being tested: an early ``exit(0)``,
-``os._exit``, a redefined ``AssertionError``, patched builtins, an object whose ``__eq__`` always
-returns True, or printed "PASSED" markers cannot turn a failing assertion into a pass.
+Inside them, ``candidate`` (the entry point) is a proxy: each call sends its arguments to the program's
+process over a private pipe, that process calls the real function and sends back the return value
+encoded as plain data (ints, floats, strings, lists, tuples, dicts, sets, ...; anything else comes
+back as an opaque value that equals nothing). The assertion is evaluated by the caller on those
+values. So the program controls only what its function returns, which is what is being tested: an
+early ``exit(0)``, ``os._exit``, a redefined ``AssertionError``, patched builtins, an object whose
+``__eq__`` always returns True, or printed "PASSED" markers cannot turn a failing assertion into a pass.
 
 >>> from llm_envs.sandbox import run_tests
 >>> program = "def add(a, b):\\n    return a + b\\n"
@@ -28,6 +40,7 @@ returns True, or printed "PASSED" markers cannot turn a failing assertion into a
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import concurrent.futures
 import functools
@@ -39,6 +52,7 @@ import queue
 import select
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -49,8 +63,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_envs._sandbox_worker import SCRATCH as _VIEW_SCRATCH
+from llm_envs._sandbox_worker import encode as _encode
+
 __all__ = [
     "DEFAULT_LIMITS",
+    "FORK_SERVER_ENV",
     "ExecutionResult",
     "SandboxJob",
     "SandboxLimits",
@@ -71,13 +89,36 @@ UNPRIVILEGED_UID_BASE = 200_000
 gid): RLIMIT_NPROC is counted per uid, so a fork bomb in one program cannot starve another, and the
 program can touch nothing that belongs to the caller."""
 NUM_UID_SLOTS = 64
+FORK_SERVER_ENV = "LLM_ENVS_SANDBOX_FORK_SERVER"
+"""Set this environment variable to ``0`` to use the one-process-per-program path even where the
+fork server works (read once, at the first run)."""
+PRELOADED_MODULES = (
+    "typing", "collections", "collections.abc", "itertools", "functools", "operator", "math", "cmath",
+    "re", "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "numbers",
+    "datetime", "json", "copy", "hashlib", "array", "struct", "dataclasses", "enum", "textwrap",
+    "unicodedata", "zlib", "binascii", "_bz2", "_lzma",
+)
+"""Imported once by each fork server, so that programs do not pay for them (``typing`` alone takes
+milliseconds) and extension modules whose system libraries are outside the hidden view still load.
+Other standard-library modules import from the read-only view as usual (those that need a system
+library, such as ``sqlite3`` or ``ssl``, are unavailable)."""
+MASKED_STDLIB_DIRS = ("site-packages", "dist-packages")
+"""Directories of the standard library hidden behind an empty mount: installed packages are not
+part of the minimal tree."""
+SERVER_TIMEOUT_S = 10.0
+"""A fork server answers every request at once; one silent for this long is replaced."""
+PROGRAMS_PER_SERVER = 10_000
+"""A fork server is replaced after this many programs (it keeps no state from them; this bounds the
+damage of anything unforeseen)."""
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 PROGRAM_FILENAME = "<program>"
 _FRAME_HEADER = struct.Struct(">I")
 _MAX_DECODE_DEPTH = 64
+_WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_worker.py")
 
 
 @dataclass(frozen=True)
@@ -89,13 +130,18 @@ class SandboxLimits:
     test_timeout_s: float = 3.0
     """Wall-clock budget of one test statement (all the calls it makes into the program)."""
     cpu_time_s: int = 10
-    """CPU seconds of the worker process (RLIMIT_CPU); the kernel kills it beyond."""
+    """CPU seconds of the program's process (RLIMIT_CPU); the kernel kills it beyond."""
     memory_mb: int = 512
-    """Address-space limit of the worker (RLIMIT_AS)."""
+    """Address-space limit of the program's process (RLIMIT_AS)."""
     max_processes: int = 16
     """Processes the program may have at once (RLIMIT_NPROC, per uid)."""
     max_file_mb: int = 8
     """Largest file the program may write, its captured stdout/stderr included (RLIMIT_FSIZE)."""
+    max_disk_mb: int = 16
+    """Total size of the program's scratch directory (a tmpfs; fork-server path). Writing beyond it
+    fails with ``OSError: [Errno 28] No space left on device``."""
+    max_disk_files: int = 512
+    """Files and directories the scratch directory may hold (tmpfs inodes; fork-server path)."""
     max_open_files: int = 64
     max_output_bytes: int = 16_384
     """How much of the program's stdout and stderr is kept in the result."""
@@ -104,15 +150,15 @@ class SandboxLimits:
     max_timeouts: int = 3
     """After this many timed-out tests the remaining ones are not run (as in the reference)."""
     max_restarts: int = 5
-    """How often a dead or timed-out worker is restarted for the next test."""
+    """How often a dead or timed-out program is restarted for the next test."""
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "test_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
                 raise ValueError(f"SandboxLimits.{name} must be a positive finite number, got {value!r}.")
-        for name in ("cpu_time_s", "memory_mb", "max_processes", "max_file_mb", "max_open_files",
-                     "max_output_bytes", "max_result_bytes", "max_timeouts"):
+        for name in ("cpu_time_s", "memory_mb", "max_processes", "max_file_mb", "max_disk_mb", "max_disk_files",
+                     "max_open_files", "max_output_bytes", "max_result_bytes", "max_timeouts"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"SandboxLimits.{name} must be a positive int, got {value!r}.")
@@ -147,12 +193,17 @@ class ExecutionResult:
     """Why the program could not be loaded (exception while defining it), else None."""
     reason: str = "ok"
     """"ok", "load_error", "no_tests", "timeout" (a test or the whole budget ran out), "crashed" (the
-    worker died), "sandbox_error" (the sandbox itself failed: the message is in ``load_error``)."""
+    program's process died), "sandbox_error" (the sandbox itself failed: the message is in
+    ``load_error``)."""
     stdout: str = ""
     stderr: str = ""
     duration_s: float = 0.0
+    path: str = ""
+    """"fork_server" or "process_per_program" (see the module docstring)."""
     network_isolated: bool = False
     pid_namespace: bool = False
+    filesystem_hidden: bool = False
+    disk_capped: bool = False
     privileges_dropped: bool = False
 
     @property
@@ -185,38 +236,8 @@ class SandboxJob:
 
 
 # --------------------------------------------------------------------------------------------------
-# Value encoding shared by the worker (encode) and the caller (decode). The worker's copy is in
-# _WORKER_SOURCE below; the caller never unpickles or evaluates anything the worker sends.
-
-
-def _encode(value: Any, depth: int = 0) -> Any:
-    if depth > _MAX_DECODE_DEPTH:
-        return ["o", type(value).__name__, "<nested too deeply>"]
-    if value is None or value is True or value is False:
-        return value
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return ["i", hex(value)]
-    if isinstance(value, float):
-        return ["f", repr(float(value))]
-    if isinstance(value, complex):
-        return ["c", repr(value.real), repr(value.imag)]
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        return ["b", bytes(value).hex()]
-    if isinstance(value, list):
-        return ["l", [_encode(v, depth + 1) for v in value]]
-    if isinstance(value, tuple):
-        return ["t", [_encode(v, depth + 1) for v in value]]
-    if isinstance(value, frozenset):
-        return ["z", [_encode(v, depth + 1) for v in value]]
-    if isinstance(value, set):
-        return ["s", [_encode(v, depth + 1) for v in value]]
-    if isinstance(value, dict):
-        return ["d", [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]]
-    return ["o", type(value).__name__, ""]
+# Values: the program's process encodes (llm_envs._sandbox_worker.encode), the caller decodes. The
+# caller never unpickles or evaluates anything the program sends.
 
 
 class OpaqueValue:
@@ -274,173 +295,6 @@ def _decode(data: Any, depth: int = 0) -> Any:
     raise _DecodeError(f"unknown value tag {tag!r}")
 
 
-# --------------------------------------------------------------------------------------------------
-# The worker: runs as `python -I -S -c _WORKER_SOURCE <config json>`. Everything before the program is
-# loaded is trusted set-up (limits, namespaces, privilege drop); after that nothing in the process is.
-
-_WORKER_SOURCE = r'''
-import builtins, json, os, resource, signal, struct, sys
-cfg = json.loads(sys.argv[1])
-REQ, RESP = cfg["req_fd"], cfg["resp_fd"]
-HEADER = struct.Struct(">I")
-
-def write_frame(obj):
-    data = json.dumps(obj).encode()
-    data = HEADER.pack(len(data)) + data
-    while data:
-        data = data[os.write(RESP, data):]
-
-def read_exact(n):
-    chunks = []
-    while n:
-        chunk = os.read(REQ, n)
-        if not chunk:
-            os._exit(0)
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-def read_frame():
-    (n,) = HEADER.unpack(read_exact(4))
-    return json.loads(read_exact(n))
-
-for name, soft, hard in cfg["rlimits"]:
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-libc = None
-if cfg["unshare_flags"] or cfg["uid"] is not None:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-if cfg["unshare_flags"] and libc.unshare(cfg["unshare_flags"]) != 0:
-    os._exit(121)
-if cfg["stdlib"]:
-    # The dropped uid may not traverse the directory the interpreter lives in (a pyenv under /root):
-    # show it the standard library read-only inside the scratch directory, in a private mount table.
-    MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
-    view = os.path.join(cfg["scratch"], ".python")
-    os.makedirs(view, 0o755, exist_ok=True)
-    if (libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
-            or libc.mount(cfg["stdlib"].encode(), view.encode(), None, MS_BIND | MS_REC, None) != 0
-            or libc.mount(None, view.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None) != 0):
-        os._exit(122)
-    def moved(paths, stdlib=cfg["stdlib"]):
-        return [view + os.path.realpath(p)[len(stdlib):] if os.path.realpath(p).startswith(stdlib) else p
-                for p in paths]
-    sys.path[:] = moved(sys.path)
-    for module in list(sys.modules.values()):
-        if isinstance(getattr(module, "__path__", None), list):
-            module.__path__[:] = moved(module.__path__)
-    sys.path_importer_cache.clear()
-if cfg["pid_namespace"]:
-    go_r, go_w = os.pipe()
-    child = os.fork()
-    if child:
-        # Tell the caller the worker's real pid (inside the new namespace it is 1), then wait.
-        os.close(go_r)
-        write_frame({"pid": child})
-        os.write(go_w, b"x")
-        for fd in (REQ, RESP, go_w):
-            os.close(fd)
-        _, status = os.waitpid(child, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    os.close(go_w)
-    os.read(go_r, 1)
-    os.close(go_r)
-else:
-    write_frame({"pid": os.getpid()})
-if cfg["uid"] is not None:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-if libc is not None:
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid binaries
-    libc.prctl(1, 9, 0, 0, 0)   # PR_SET_PDEATHSIG: SIGKILL if the launcher dies
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes raise OSError instead of killing
-os.chdir(cfg["scratch"])
-sys.setrecursionlimit(3000)
-
-ENCODE_DEPTH = 64
-def encode(value, depth=0):
-    if depth > ENCODE_DEPTH:
-        return ["o", type(value).__name__, "<nested too deeply>"]
-    if value is None or value is True or value is False:
-        return value
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return ["i", hex(value)]
-    if isinstance(value, float):
-        return ["f", repr(float(value))]
-    if isinstance(value, complex):
-        return ["c", repr(value.real), repr(value.imag)]
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, (bytes, bytearray)):
-        return ["b", bytes(value).hex()]
-    if isinstance(value, list):
-        return ["l", [encode(v, depth + 1) for v in value]]
-    if isinstance(value, tuple):
-        return ["t", [encode(v, depth + 1) for v in value]]
-    if isinstance(value, frozenset):
-        return ["z", [encode(v, depth + 1) for v in value]]
-    if isinstance(value, set):
-        return ["s", [encode(v, depth + 1) for v in value]]
-    if isinstance(value, dict):
-        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
-    try:
-        text = repr(value)[:200]
-    except BaseException:
-        text = ""
-    return ["o", type(value).__name__, text]
-
-def decode(data):
-    if data is None or isinstance(data, (bool, str)):
-        return data
-    tag, rest = data[0], data[1:]
-    if tag == "i": return int(rest[0], 16)
-    if tag == "f": return float(rest[0])
-    if tag == "c": return complex(float(rest[0]), float(rest[1]))
-    if tag == "b": return bytes.fromhex(rest[0])
-    if tag in ("l", "t", "s", "z"):
-        return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](decode(v) for v in rest[0])
-    if tag == "d": return {decode(k): decode(v) for k, v in rest[0]}
-    raise ValueError("cannot decode " + repr(tag))
-
-def describe(err):
-    text = str(err)
-    return [type(err).__name__, text[:500]]
-
-init = read_frame()
-namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
-del cfg, libc
-try:
-    exec(compile(init["program"], init["filename"], "exec"), namespace)
-except BaseException as err:
-    lineno = getattr(err, "lineno", None)
-    tb = err.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == init["filename"]:
-            lineno = tb.tb_lineno
-        tb = tb.tb_next
-    write_frame({"load_error": describe(err), "line": lineno})
-    os._exit(0)
-write_frame({"ready": True})
-while True:
-    request = read_frame()
-    try:
-        function = namespace[request["call"]]
-        args = [decode(a) for a in request["args"]]
-        kwargs = {k: decode(v) for k, v in request["kwargs"]}
-        result = encode(function(*args, **kwargs))
-    except BaseException as err:
-        reply = {"raised": describe(err)}
-    else:
-        reply = {"ok": result}
-    try:
-        write_frame(reply)
-    except BaseException as err:
-        write_frame({"raised": describe(err)})
-'''
-
 
 # --------------------------------------------------------------------------------------------------
 # Host capabilities, probed once per process.
@@ -448,10 +302,11 @@ while True:
 
 @functools.cache
 def _namespace_flags() -> tuple[int, bool]:
-    """The unshare flags this process may use for a worker, and whether they include a PID namespace.
-    Root gets new network and PID namespaces; other users try a user namespace holding both."""
-    candidates = [CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS] if os.geteuid() == 0 else []
-    candidates.append(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID)
+    """The unshare flags of the process-per-program path, and whether they include a PID namespace.
+    Root gets new network, PID, mount and IPC namespaces; other users try a user namespace holding all
+    but the mount namespace."""
+    candidates = [CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC] if os.geteuid() == 0 else []
+    candidates.append(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC)
     for flags in candidates:
         probe = (
             "import ctypes, os\n"
@@ -467,14 +322,65 @@ def _namespace_flags() -> tuple[int, bool]:
     return 0, False
 
 
-def isolation_report() -> dict[str, bool]:
-    """What this host enforces for every program (the rest of the limits always apply)."""
+_fork_server_probe: tuple[bool, str] | None = None
+_fork_server_probe_lock = threading.Lock()
+
+
+def _fork_server_status() -> tuple[bool, str]:
+    """Whether the fork-server path works here, and if not, why (probed once, by running a program)."""
+    global _fork_server_probe
+    with _fork_server_probe_lock:
+        if _fork_server_probe is None:
+            _fork_server_probe = _probe_fork_server()
+        return _fork_server_probe
+
+
+_PROBE_PROGRAM = "import os\n\ndef view():\n    return sorted(os.listdir('/')), os.getcwd(), os.getuid()\n"
+
+
+def _probe_fork_server() -> tuple[bool, str]:
+    if os.environ.get(FORK_SERVER_ENV, "1").strip() == "0":
+        return False, f"switched off by {FORK_SERVER_ENV}=0"
+    if not sys.platform.startswith("linux"):
+        return False, f"needs Linux namespaces, this is {sys.platform}"
+    if os.geteuid() != 0:
+        return False, "needs root (to mount each program's scratch and switch it to an unused uid)"
+    try:
+        server = _ForkServer()
+    except OSError as err:
+        return False, str(err)
+    expected = sorted({"dev", _VIEW_SCRATCH.strip("/"), _stdlib_dir().strip("/").split("/")[0]})
+    tests = (f"def check(candidate):\n    assert (lambda view: view[:2] == ({expected!r}, {_VIEW_SCRATCH!r})"
+             f" and view[2] != 0)(candidate())\n")
+    runner = _Runner(SandboxJob(_PROBE_PROGRAM, tests, "view", limits=SandboxLimits(timeout_s=30.0,
+                                                                                  test_timeout_s=30.0)),
+                     fast=True, server=server)
+    result = runner.run()  # the runner gives the server back to the idle list
+    if not result.all_passed:
+        _close_idle_servers()
+        detail = result.load_error or "; ".join(f"{o.status}: {o.message}" for o in result.outcomes) or result.reason
+        return False, f"a probe program did not run as expected in the fork server ({detail})"
+    return True, ""
+
+
+def isolation_report() -> dict[str, Any]:
+    """Which path runs programs here and what it enforces (the limits always apply).
+
+    ``path`` is ``"fork_server"`` or ``"process_per_program"``; the booleans say whether programs get
+    no network, their own PID namespace, a hidden file system and a capped scratch disk, and run
+    under a dropped uid; ``fallback_reason`` says why the fork server is not used ("" when it is).
+    """
+    fast, reason = _fork_server_status()
+    return {"path": "fork_server" if fast else "process_per_program", **_path_flags(fast), "fallback_reason": reason}
+
+
+def _path_flags(fast: bool) -> dict[str, bool]:
+    if fast:
+        return {"network_isolated": True, "pid_namespace": True, "filesystem_hidden": True, "disk_capped": True,
+                "privileges_dropped": True}
     flags, pid_ns = _namespace_flags()
-    return {
-        "network_isolated": bool(flags & CLONE_NEWNET),
-        "pid_namespace": pid_ns,
-        "privileges_dropped": os.geteuid() == 0,
-    }
+    return {"network_isolated": bool(flags & CLONE_NEWNET), "pid_namespace": pid_ns, "filesystem_hidden": False,
+            "disk_capped": False, "privileges_dropped": os.geteuid() == 0}
 
 
 @functools.cache
@@ -482,8 +388,8 @@ def _stdlib_dir() -> str:
     return os.path.realpath(os.path.dirname(os.__file__))
 
 
-def _scrubbed_env(scratch: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
+def _scrubbed_env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
 
 
@@ -522,12 +428,176 @@ def _user_process_count() -> int:
     return count
 
 
+def _rlimits(limits: SandboxLimits, uid: int | None) -> list[list[Any]]:
+    nproc = limits.max_processes if uid is not None else _user_process_count() + limits.max_processes
+    file_bytes = limits.max_file_mb * 2**20
+    memory = limits.memory_mb * 2**20
+    return [["RLIMIT_CPU", limits.cpu_time_s, limits.cpu_time_s + 1], ["RLIMIT_AS", memory, memory],
+            ["RLIMIT_NPROC", nproc, nproc], ["RLIMIT_FSIZE", file_bytes, file_bytes],
+            ["RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files], ["RLIMIT_CORE", 0, 0]]
+
+
 # --------------------------------------------------------------------------------------------------
-# Caller side of one worker.
+# Fork servers: one per pool slot, started on demand, kept while idle, replaced when they fail.
+
+
+class _ServerGone(Exception):
+    """A fork server died, hung or broke its protocol."""
+
+
+class _ForkServer:
+    """The caller's side of one fork server (``_sandbox_worker.py`` in ``fork_server`` mode)."""
+
+    def __init__(self) -> None:
+        self.programs = 0
+        self.dead = False
+        self.proc: subprocess.Popen | None = None
+        self.server_pid: int | None = None
+        """The server's pid as the caller sees it (its launcher, ``proc``, waits outside its PID namespace)."""
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The server mounts its view's root here, in its own mount namespace; for everyone else it
+        # stays an empty directory, removed once the server has started.
+        view = tempfile.mkdtemp(prefix="llm-envs-sandbox-view-")
+        try:
+            config = {"mode": "fork_server", "control_fd": theirs.fileno(), "view": view, "stdlib": _stdlib_dir(),
+                      "masked": list(MASKED_STDLIB_DIRS), "preload": list(PRELOADED_MODULES)}
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _WORKER_PATH, json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(theirs.fileno(),), cwd="/", env=_scrubbed_env(_VIEW_SCRATCH), start_new_session=True,
+            )
+            theirs.close()
+            deadline = time.monotonic() + SERVER_TIMEOUT_S
+            try:
+                reply = self._receive(deadline)  # the server's pid, from outside its PID namespace
+                if isinstance(reply.get("pid"), int):
+                    self.server_pid = reply["pid"]
+                    reply = self._receive(deadline)
+            except _ServerGone as gone:
+                reply = {"error": str(gone)}
+            if reply.get("ready") is not True:
+                self.close()
+                assert self.proc.stderr is not None
+                stderr = self.proc.stderr.read(4000).decode("utf-8", "replace").strip()
+                raise OSError(f"the sandbox's fork server did not start: {reply.get('error', reply)}"
+                              + (f"\n{stderr}" if stderr else ""))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            theirs.close()
+            if self.proc is not None and self.proc.stderr is not None:
+                self.proc.stderr.close()
+            try:
+                os.rmdir(view)
+            except OSError:
+                pass
+
+    def request(self, message: dict[str, Any], fds: Sequence[int] = ()) -> dict[str, Any]:
+        if self.dead:
+            raise _ServerGone("the fork server was closed")
+        data = json.dumps(message).encode()
+        try:
+            if fds:
+                socket.send_fds(self.sock, [data], list(fds))
+            else:
+                self.sock.send(data)
+        except OSError as err:
+            self.close()
+            raise _ServerGone(f"the fork server is gone ({err})") from None
+        return self._receive(time.monotonic() + SERVER_TIMEOUT_S)
+
+    def _receive(self, deadline: float) -> dict[str, Any]:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise _ServerGone(f"the fork server did not answer within {SERVER_TIMEOUT_S:g} s")
+            if select.select([self.sock], [], [], remaining)[0]:
+                break
+        data = b""
+        try:
+            data = self.sock.recv(65536)
+            reply = json.loads(data) if data else None
+        except (OSError, ValueError):  # reset by a dying server, or not JSON
+            reply = None
+        if not isinstance(reply, dict):
+            self.close()
+            raise _ServerGone("the fork server broke its protocol" if data else "the fork server exited")
+        return reply
+
+    def close(self) -> None:
+        """Stop the server (and with it any program it still runs: it is their PID namespace's init)."""
+        self.dead = True
+        self.sock.close()
+        if self.proc is not None and self.proc.returncode is None:
+            # The launcher leads the process group the server is in; until we reap the launcher the
+            # group id cannot name anyone else. The server's death ends its PID namespace.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+_idle_servers: list[_ForkServer] = []
+_idle_servers_lock = threading.Lock()
+
+
+def _take_server() -> _ForkServer:
+    """An idle fork server (the most recently used one), or a new one."""
+    with _idle_servers_lock:
+        while _idle_servers:
+            server = _idle_servers.pop()
+            if not server.dead:
+                return server
+    return _ForkServer()
+
+
+def _give_back_server(server: _ForkServer) -> None:
+    """Keep a healthy server for the next run. As many are kept as ran at once (at most one per uid
+    slot, since a run holds a uid), so that callers with their own threads do not restart servers."""
+    if not server.dead and server.programs < PROGRAMS_PER_SERVER:
+        with _idle_servers_lock:
+            if len(_idle_servers) < NUM_UID_SLOTS:
+                _idle_servers.append(server)
+                return
+    server.close()
+
+
+def _close_idle_servers() -> None:
+    with _idle_servers_lock:
+        servers = list(_idle_servers)
+        _idle_servers.clear()
+    for server in servers:
+        server.close()
+
+
+def _forget_after_fork() -> None:
+    """In a child forked from the caller: the pool, servers and uid slots belong to the parent (and a
+    lock another thread held at the fork would stay held here)."""
+    global _pool, _pool_lock, _uid_slots, _uid_slots_lock, _idle_servers_lock, _fork_server_probe_lock
+    for server in _idle_servers:
+        server.sock.close()
+    _idle_servers.clear()
+    _pool, _uid_slots = None, None
+    _pool_lock, _uid_slots_lock = threading.Lock(), threading.Lock()
+    _idle_servers_lock, _fork_server_probe_lock = threading.Lock(), threading.Lock()
+
+
+atexit.register(_close_idle_servers)
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+# --------------------------------------------------------------------------------------------------
+# The caller's side of one program's process.
 
 
 class _WorkerGone(Exception):
-    """The worker died, hung or broke the protocol; ``kind`` is "timeout" or "crashed"."""
+    """The program's process died, hung or broke the protocol; ``kind`` is "timeout" or "crashed"."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -538,43 +608,29 @@ class ProgramError(Exception):
     """The program raised an exception inside a call made by a test."""
 
 
-class _Worker:
-    def __init__(self, program: str, limits: SandboxLimits, scratch: str, uid: int | None) -> None:
+def _exit_reason(signal_number: int | None, code: int | None) -> str:
+    if signal_number is not None:
+        name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else str(signal_number)
+        hint = {"SIGKILL": " (killed: memory or process limit?)", "SIGXCPU": " (CPU time limit)",
+                "SIGSEGV": " (crashed)"}.get(name, "")
+        return f"the program's process was killed by {name}{hint}"
+    if code is None:
+        return "the program's process is gone"
+    return f"the program's process exited with status {code}"
+
+
+class _Channel:
+    """Frames to and from a program's process over its two pipes, with deadlines."""
+
+    req_w: int
+    resp_r: int
+
+    def __init__(self, limits: SandboxLimits) -> None:
         self.limits = limits
-        self.scratch = scratch
-        self.pid: int | None = None
-        self.proc: subprocess.Popen | None = None
-        flags, pid_ns = _namespace_flags()
-        req_r, self.req_w = os.pipe()
-        self.resp_r, resp_w = os.pipe()
-        out = os.open(os.path.join(scratch, ".stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        err = os.open(os.path.join(scratch, ".stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        if uid is not None:
-            for path in (".stdout", ".stderr"):
-                os.chown(os.path.join(scratch, path), uid, uid)
-        nproc = limits.max_processes if uid is not None else _user_process_count() + limits.max_processes
-        cpu = limits.cpu_time_s
-        file_bytes = limits.max_file_mb * 2**20
-        memory = limits.memory_mb * 2**20
-        config = {
-            "req_fd": req_r, "resp_fd": resp_w, "uid": uid, "scratch": scratch,
-            "unshare_flags": flags, "pid_namespace": pid_ns,
-            "stdlib": _stdlib_dir() if uid is not None and flags & CLONE_NEWNS else None,
-            "rlimits": [["RLIMIT_CPU", cpu, cpu + 1], ["RLIMIT_AS", memory, memory],
-                        ["RLIMIT_NPROC", nproc, nproc], ["RLIMIT_FSIZE", file_bytes, file_bytes],
-                        ["RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files],
-                        ["RLIMIT_CORE", 0, 0]],
-        }
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-B", "-c", _WORKER_SOURCE, json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(req_r, resp_w), cwd=scratch,
-                env=_scrubbed_env(scratch), start_new_session=True,
-            )
-        finally:
-            for fd in (req_r, resp_w, out, err):
-                os.close(fd)
         self.buffer = b""
+
+    def _death_reason(self) -> str:
+        raise NotImplementedError
 
     def _read_frame(self, deadline: float, kind: str = "timeout") -> dict:
         while True:
@@ -614,31 +670,12 @@ class _Worker:
             if ready:
                 try:
                     written = os.write(self.req_w, data[:65536])
-                except (BrokenPipeError, OSError):
+                except OSError:
                     raise _WorkerGone("crashed", self._death_reason()) from None
                 data = data[written:]
 
-    def _death_reason(self) -> str:
-        assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            return "the program closed its result channel"
-        if code < 0:
-            name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-            hint = {"SIGKILL": " (killed: memory or process limit?)", "SIGXCPU": " (CPU time limit)",
-                    "SIGSEGV": " (crashed)"}.get(name, "")
-            return f"the program's process was killed by {name}{hint}"
-        if code >= 128 and code - 128 in signal.valid_signals():
-            return f"the program's process was killed by {signal.Signals(code - 128).name}"
-        return f"the program's process exited with status {code}"
-
-    def start(self, program: str, deadline: float) -> str | None:
-        """Load the program; returns the load error text, or None when it is ready."""
-        frame = self._read_frame(deadline)
-        if not isinstance(frame.get("pid"), int):
-            raise _WorkerGone("crashed", "the sandbox worker failed to start")
-        self.pid = frame["pid"]
+    def load(self, program: str, deadline: float) -> str | None:
+        """Send the program; returns its load error text, or None when it is ready."""
         self._write_frame({"program": program, "filename": PROGRAM_FILENAME}, deadline)
         frame = self._read_frame(deadline)
         if "load_error" in frame:
@@ -646,6 +683,9 @@ class _Worker:
             line = frame.get("line")
             where = f" (line {line})" if isinstance(line, int) else ""
             return f"{kind}{where}: {message}"
+        if "setup_error" in frame:
+            raise _WorkerGone("crashed", f"the sandbox could not set up the program's process: "
+                                         f"{str(frame['setup_error'])[:300]}")
         if frame.get("ready") is not True:
             raise _WorkerGone("crashed", "the program broke the result channel")
         return None
@@ -668,8 +708,68 @@ class _Worker:
             raise ProgramError(f"{kind}: {message}" if message else kind)
         raise _WorkerGone("crashed", "the program broke the result channel")
 
+    def _close_pipes(self) -> None:
+        for fd in (self.req_w, self.resp_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.req_w = self.resp_r = -1
+
+
+class _Worker(_Channel):
+    """Process-per-program path: a fresh interpreter (``_sandbox_worker.py`` in ``single`` mode)."""
+
+    def __init__(self, limits: SandboxLimits, scratch: str, uid: int | None) -> None:
+        super().__init__(limits)
+        self.pid: int | None = None
+        self.proc: subprocess.Popen | None = None
+        flags, pid_ns = _namespace_flags()
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        out = os.open(os.path.join(scratch, ".stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        err = os.open(os.path.join(scratch, ".stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        if uid is not None:
+            for path in (".stdout", ".stderr"):
+                os.chown(os.path.join(scratch, path), uid, uid)
+        config = {
+            "mode": "single", "req_fd": req_r, "resp_fd": resp_w, "uid": uid, "scratch": scratch,
+            "unshare_flags": flags, "pid_namespace": pid_ns,
+            "stdlib": _stdlib_dir() if uid is not None and flags & CLONE_NEWNS else None,
+            "rlimits": _rlimits(limits, uid),
+        }
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-B", _WORKER_PATH, json.dumps(config)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(req_r, resp_w), cwd=scratch,
+                env=_scrubbed_env(scratch), start_new_session=True,
+            )
+        finally:
+            for fd in (req_r, resp_w, out, err):
+                os.close(fd)
+
+    def _death_reason(self) -> str:
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return "the program closed its result channel"
+        if code < 0:
+            return _exit_reason(-code, None)
+        if code >= 128 and code - 128 in signal.valid_signals():
+            return _exit_reason(code - 128, None)
+        return _exit_reason(None, code)
+
+    def start(self, program: str, deadline: float) -> str | None:
+        """Start the process and load the program; returns the load error text, or None."""
+        frame = self._read_frame(deadline)
+        if not isinstance(frame.get("pid"), int):
+            raise _WorkerGone("crashed", "the sandbox worker failed to start")
+        self.pid = frame["pid"]
+        return self.load(program, deadline)
+
     def kill(self) -> None:
-        """Kill the worker; inside its own PID namespace that kills every process it started."""
+        """Kill the process; inside its own PID namespace that kills every process it started."""
         for pid in (self.pid, self.proc.pid if self.proc else None):
             if pid is None:
                 continue
@@ -683,12 +783,64 @@ class _Worker:
                 self.proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 pass
-        for fd in (self.req_w, self.resp_r):
+        self._close_pipes()
+
+
+class _ForkedWorker(_Channel):
+    """Fork-server path: one program's process, forked by a warm server."""
+
+    def __init__(self, server: _ForkServer, limits: SandboxLimits, uid: int, out: int, err: int) -> None:
+        super().__init__(limits)
+        self.server = server
+        self.ended = False
+        self.status: int | None = None
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        request = {"op": "run", "uid": uid, "rlimits": _rlimits(limits, uid),
+                   "disk_bytes": limits.max_disk_mb * 2**20, "disk_files": limits.max_disk_files}
+        try:
+            reply = server.request(request, (req_r, resp_w, out, err))
+        except _ServerGone:
+            self._close_pipes()
+            raise
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
+        if not isinstance(reply.get("pid"), int):  # nothing of the program has run yet: the server failed
+            self._close_pipes()
+            server.close()
+            raise _ServerGone(f"the fork server could not start the program: {reply.get('error', reply)}")
+        self.pid = reply["pid"]
+        server.programs += 1
+
+    def start(self, program: str, deadline: float) -> str | None:
+        return self.load(program, deadline)
+
+    def _end(self, grace_s: float) -> int | None:
+        """Have the server kill and reap the process (its namespaces, scratch and IPC objects go too)."""
+        if not self.ended:
+            self.ended = True
             try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.req_w = self.resp_r = -1
+                reply = self.server.request({"op": "end", "grace_s": grace_s})
+            except _ServerGone:
+                reply = {}  # the server is closed, and the program died with it
+            if "error" in reply:  # it could not clean up after the program: replace it
+                self.server.close()
+            status = reply.get("status")
+            self.status = status if isinstance(status, int) else None
+        return self.status
+
+    def _death_reason(self) -> str:
+        status = self._end(grace_s=1.0)  # it closed its channel: most likely it is exiting
+        if status is None:
+            return _exit_reason(None, None)
+        if os.WIFSIGNALED(status):
+            return _exit_reason(os.WTERMSIG(status), None)
+        return _exit_reason(None, os.waitstatus_to_exitcode(status))
+
+    def kill(self) -> None:
+        self._end(grace_s=0.0)
+        self._close_pipes()
 
 
 def _error_pair(value: Any) -> tuple[str, str]:
@@ -790,18 +942,30 @@ class _TestTimeout(Exception):
     pass
 
 
+
+
+@functools.lru_cache(maxsize=512)
+def _compile_globals(source: str) -> Any:
+    return compile(source, "<test globals>", "exec")
+
+
 class _Runner:
     """Runs one program against one test suite; the caller side of the sandbox."""
 
-    def __init__(self, job: SandboxJob) -> None:
+    def __init__(self, job: SandboxJob, fast: bool, server: _ForkServer | None = None) -> None:
         self.job = job
         self.limits = job.limits
-        self.worker: _Worker | None = None
+        self.fast = fast
+        self.server = server
+        self.worker: _Worker | _ForkedWorker | None = None
         self.restarts = 0
         self.load_error: str | None = None
         self.deadline = 0.0
         self.test_deadline = 0.0
         self.crashed = False
+        self.uid: int | None = None
+        self.scratch = ""
+        self.capture: tuple[int, int] | None = None
 
     def _candidate(self, *args: Any, **kwargs: Any) -> Any:
         if self.worker is None:
@@ -817,18 +981,33 @@ class _Runner:
             self.crashed = True
             raise ProgramError(str(gone)) from None
 
+    def _new_worker(self) -> _Worker | _ForkedWorker:
+        if not self.fast:
+            return _Worker(self.limits, self.scratch, self.uid)
+        assert self.uid is not None and self.capture is not None
+        for attempt in range(2):  # a server found dead is replaced once, before the program starts
+            if self.server is None or self.server.dead:
+                self.server = _take_server()
+            try:
+                return _ForkedWorker(self.server, self.limits, self.uid, *self.capture)
+            except _ServerGone as gone:
+                if attempt:
+                    raise _WorkerGone("crashed", f"the sandbox failed: {gone}") from None
+        raise AssertionError("unreachable")
+
     def _start_worker(self) -> None:
         if self.load_error is not None:
             raise ProgramError(f"the program failed to load: {self.load_error}")
         if self.restarts > self.limits.max_restarts:
             raise ProgramError("the program's process died too often")
         self.restarts += 1
-        self.worker = _Worker(self.job.program, self.limits, self.scratch, self.uid)
         try:
+            self.worker = self._new_worker()
             error = self.worker.start(self.job.program, min(self.deadline, self.test_deadline))
         except _WorkerGone as gone:
-            self.worker.kill()
-            self.worker = None
+            if self.worker is not None:
+                self.worker.kill()
+                self.worker = None
             if gone.kind == "timeout":
                 raise _TestTimeout(f"loading the program: {gone}") from None
             self.crashed = True
@@ -867,18 +1046,28 @@ class _Runner:
         self.deadline = start + self.limits.timeout_s
         suite = _parse_suite(self.job.tests)
         self.uid = _acquire_uid()
-        self.scratch = tempfile.mkdtemp(prefix="llm-envs-sandbox-")
         try:
-            if self.uid is not None:
-                os.chown(self.scratch, self.uid, self.uid)
-            os.chmod(self.scratch, 0o700)
+            if self.fast:
+                self.capture = (os.memfd_create("llm-envs-sandbox-stdout"), os.memfd_create("llm-envs-sandbox-stderr"))
+            else:
+                self.scratch = tempfile.mkdtemp(prefix="llm-envs-sandbox-")
+                if self.uid is not None:
+                    os.chown(self.scratch, self.uid, self.uid)
+                os.chmod(self.scratch, 0o700)
             outcomes = self._run_suite(suite)
-            stdout, stderr = (self._read_capture(name) for name in (".stdout", ".stderr"))
+            stdout, stderr = self._read_capture(0), self._read_capture(1)
         finally:
             if self.worker is not None:
                 self.worker.kill()
                 self.worker = None
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.server is not None:
+                _give_back_server(self.server)
+                self.server = None
+            if self.capture is not None:
+                for fd in self.capture:
+                    os.close(fd)
+            if self.scratch:
+                shutil.rmtree(self.scratch, ignore_errors=True)
             _release_uid(self.uid)
         statuses = {o.status for o in outcomes}
         if not outcomes:
@@ -891,14 +1080,13 @@ class _Runner:
             reason = "crashed"
         else:
             reason = "ok"
-        report = isolation_report()
-        return ExecutionResult(tuple(outcomes), self.load_error, reason, stdout, stderr,
-                               time.monotonic() - start, **report)
+        return ExecutionResult(tuple(outcomes), self.load_error, reason, stdout, stderr, time.monotonic() - start,
+                               "fork_server" if self.fast else "process_per_program", **_path_flags(self.fast))
 
     def _run_suite(self, suite: _Suite) -> list[TestOutcome]:
         namespace: dict[str, Any] = {"__builtins__": builtins, "__name__": "__tests__"}
         if self.job.test_globals:
-            exec(compile(self.job.test_globals, "<test globals>", "exec"), namespace)
+            exec(_compile_globals(self.job.test_globals), namespace)
         for code in suite.preamble:
             exec(code, namespace)
         # HumanEval tests sometimes call the entry point by its own name (HumanEval/33).
@@ -931,12 +1119,16 @@ class _Runner:
                 outcomes.append(outcome)
         return outcomes
 
-    def _read_capture(self, name: str) -> str:
+    def _read_capture(self, stream: int) -> str:
         try:
-            with open(os.path.join(self.scratch, name), "rb") as handle:
-                return handle.read(self.limits.max_output_bytes).decode("utf-8", "replace")
+            if self.capture is not None:
+                data = os.pread(self.capture[stream], self.limits.max_output_bytes, 0)
+            else:
+                with open(os.path.join(self.scratch, (".stdout", ".stderr")[stream]), "rb") as handle:
+                    data = handle.read(self.limits.max_output_bytes)
         except OSError:
             return ""
+        return data.decode("utf-8", "replace")
 
 
 def run_tests(
@@ -960,31 +1152,37 @@ def run_tests(
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}.")
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}.")
-    _parse_suite(tests)  # fail fast on bad tests, outside the worker
+    _parse_suite(tests)  # fail fast on bad tests, outside the sandbox
+    job = SandboxJob(program, tests, entry_point, test_globals, limits)
+    fast = _fork_server_status()[0]
     try:
-        return _Runner(SandboxJob(program, tests, entry_point, test_globals, limits)).run()
-    except OSError as err:  # cannot fork, no scratch space: the sandbox failed, not the program
-        return ExecutionResult((), f"{type(err).__name__}: {err}", "sandbox_error")
+        return _Runner(job, fast).run()
+    except OSError as err:  # cannot fork, no memory, no server: the sandbox failed, not the program
+        return ExecutionResult((), f"{type(err).__name__}: {err}", "sandbox_error",
+                               path="fork_server" if fast else "process_per_program", **_path_flags(fast))
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _pool_size() -> int:
+    return min(os.cpu_count() or 1, NUM_UID_SLOTS)
+
+
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    """The process-wide pool (one thread per core; each thread drives one worker process)."""
+    """The process-wide pool (one thread per core; each thread drives one program at a time)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                max_workers=min(os.cpu_count() or 1, NUM_UID_SLOTS), thread_name_prefix="llm-envs-sandbox"
-            )
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=_pool_size(),
+                                                          thread_name_prefix="llm-envs-sandbox")
         return _pool
 
 
 def run_many(jobs: Sequence[SandboxJob]) -> list[ExecutionResult]:
-    """Run many programs concurrently (one process each, as many at once as there are cores);
-    results in the order of ``jobs``."""
+    """Run many programs concurrently (as many at once as there are cores); results in the order of
+    ``jobs``."""
     jobs = list(jobs)
     for i, job in enumerate(jobs):
         if not isinstance(job, SandboxJob):
@@ -998,4 +1196,3 @@ def run_many(jobs: Sequence[SandboxJob]) -> list[ExecutionResult]:
         for j in jobs
     ]
     return [f.result() for f in futures]
-

@@ -1,14 +1,22 @@
-"""The sandbox: correct per-assertion results, and hostile programs contained with zero credit."""
+"""The sandbox: correct per-assertion results, and hostile programs contained with zero credit.
+
+Every test runs on both paths: the fork server (where the host allows it) and the one process per
+program fallback."""
 
 from __future__ import annotations
 
 import os
 import signal
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from llm_envs import sandbox
 from llm_envs.sandbox import (
+    FORK_SERVER_ENV,
     NUM_UID_SLOTS,
     UNPRIVILEGED_UID_BASE,
     SandboxJob,
@@ -28,17 +36,44 @@ def check(candidate):
     assert candidate(-1) == 0
 """
 GOOD = "def inc(x):\n    return x + 1\n"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PATHS = ("fork_server", "process_per_program")
+
+
+@pytest.fixture(autouse=True, params=PATHS)
+def sandbox_path(request, monkeypatch) -> str:
+    """Run the test on one path: the fork server (where this host allows it) or the fallback."""
+    if request.param == "fork_server":
+        fast, reason = sandbox._fork_server_status()
+        if not fast and os.geteuid() == 0 and os.environ.get(FORK_SERVER_ENV) != "0":
+            pytest.fail(f"the fork server should run here (root on Linux) but does not: {reason}")
+        if not fast:
+            pytest.skip(f"the fork server does not run on this host: {reason}")
+    else:
+        monkeypatch.setattr(sandbox, "_fork_server_status", lambda: (False, "switched off by the test"))
+    return request.param
+
+
+def _server_pids() -> set[int]:
+    """The idle fork servers and their launchers (long-lived by design, not leftovers of a run)."""
+    return {pid for s in sandbox._idle_servers for pid in (s.server_pid, s.proc.pid if s.proc else None) if pid}
+
+
+def _slot_uids() -> range:
+    """The uids this process's runs get (as root)."""
+    if os.geteuid() != 0:
+        return range(0)
+    first = UNPRIVILEGED_UID_BASE + (os.getpid() % 100_000) * NUM_UID_SLOTS
+    return range(first, first + NUM_UID_SLOTS)
 
 
 def _own_sandbox_processes() -> list[int]:
-    """Live processes started by this test process's sandbox runs."""
-    uids = set()
-    if os.geteuid() == 0:
-        first = UNPRIVILEGED_UID_BASE + (os.getpid() % 100_000) * NUM_UID_SLOTS
-        uids = set(range(first, first + NUM_UID_SLOTS))
+    """Live processes started by this test process's sandbox runs, the fork servers excepted."""
+    uids = set(_slot_uids())
+    servers = _server_pids()
     found = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) in servers:
             continue
         try:
             with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
@@ -48,7 +83,7 @@ def _own_sandbox_processes() -> list[int]:
             uid = entry.stat().st_uid
         except OSError:
             continue
-        if state != "Z" and (uid in uids or (b"PR_SET_NO_NEW_PRIVS" in cmdline and uid == os.getuid())):
+        if state != "Z" and (uid in uids or (b"_sandbox_worker.py" in cmdline and uid == os.getuid())):
             found.append(int(entry.name))
     return found
 
@@ -270,3 +305,275 @@ def test_caller_signal_handlers_and_state_are_untouched():
     before = signal.getsignal(signal.SIGINT)
     _run("import signal\ndef inc(x):\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    return x + 1\n")
     assert signal.getsignal(signal.SIGINT) == before
+
+
+# -- the file system, the disk, and what one program could leave for the next --------------------
+
+
+def test_files_outside_the_scratch_directory_are_hidden(sandbox_path, tmp_path):
+    mine = tmp_path / "secret.txt"
+    mine.write_text("secret")
+    os.chmod(tmp_path, 0o755)
+    secrets = [str(PROJECT_ROOT / "pyproject.toml"), "/etc/passwd", "/etc/hostname", str(mine),
+               str(Path(sandbox.__file__).resolve())]
+    program = (
+        "import os\ndef inc(x):\n    seen = {}\n"
+        f"    for path in {secrets!r}:\n"
+        "        try:\n            seen[path] = open(path).read(14)\n"
+        "        except OSError as err:\n            seen[path] = type(err).__name__\n"
+        "    site = os.path.join(os.path.dirname(os.__file__), 'site-packages')\n"
+        "    installed = os.listdir(site) if os.path.isdir(site) else []  # masked by an empty mount\n"
+        "    return sorted(os.listdir('/')), seen, os.getcwd(), installed\n"
+    )
+    assert isolation_report()["filesystem_hidden"] == (sandbox_path == "fork_server")
+    if sandbox_path == "fork_server":
+        # The whole tree: device nodes, the standard library's path (read-only), the scratch directory.
+        expected = (sorted({"dev", "tmp", sandbox._stdlib_dir().strip("/").split("/")[0]}),
+                    dict.fromkeys(secrets, "FileNotFoundError"), "/tmp", [])
+        tests = f"def check(candidate):\n    assert candidate(0) == {expected!r}\n"
+    else:  # the fallback does not hide the file system, and the report says so
+        tests = f"def check(candidate):\n    assert candidate(0)[1][{secrets[0]!r}] == '[build-system]'\n"
+    result = _run(program, tests)
+    assert result.all_passed, result.outcomes[0].message
+    assert result.filesystem_hidden == (sandbox_path == "fork_server")
+
+
+DISK_TESTS = "def check(candidate):\n    assert candidate(0) == {expected!r}\n"
+FILL_THE_DISK = """
+import errno
+def inc(x):
+    written = 0
+    try:
+        with open('big', 'wb') as fh:
+            for _ in range(100):
+                fh.write(b'x' * 2**20)
+                fh.flush()
+                written += 1
+    except OSError as err:
+        return errno.errorcode[err.errno], written <= {cap}
+    return 'no error', written
+"""
+MANY_FILES = """
+import errno
+def inc(x):
+    for i in range(1000):
+        try:
+            open(f'f{i}', 'w').close()
+        except OSError as err:
+            return errno.errorcode[err.errno], i < 32
+    return 'no error', 1000
+"""
+
+
+def test_filling_the_disk_is_an_error_not_a_crash(sandbox_path):
+    unhandled = "def inc(x):\n    open('big', 'wb').write(b'x' * 100 * 2**20)\n    return x + 1\n"
+    if sandbox_path == "fork_server":
+        limits = SandboxLimits(timeout_s=10.0, test_timeout_s=5.0, max_disk_mb=4, max_disk_files=32, max_file_mb=64)
+        assert _run(FILL_THE_DISK.format(cap=4), DISK_TESTS.format(expected=("ENOSPC", True)), limits=limits).all_passed
+        assert _run(MANY_FILES, DISK_TESTS.format(expected=("ENOSPC", True)), limits=limits).all_passed
+        message = "No space left on device"
+    else:  # only each file is capped (max_file_mb)
+        limits = SandboxLimits(timeout_s=10.0, test_timeout_s=5.0, max_file_mb=2)
+        assert _run(FILL_THE_DISK.format(cap=2), DISK_TESTS.format(expected=("EFBIG", True)), limits=limits).all_passed
+        message = "File too large"
+    result = _run(unhandled, limits=limits)
+    assert {o.status for o in result.outcomes} == {"error"} and result.reason == "ok"
+    assert message in result.outcomes[0].message
+
+
+LEAVE_SOMETHING_BEHIND = """
+import ctypes, os, socket, time
+def inc(x):
+    open('note.txt', 'w').write('from the last program')
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(0x5EED, 4096, 0o1666)  # IPC_CREAT | 0666: a System V segment outlives its creator
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind('\\0llm-envs-sandbox-test')
+    listener.listen()
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        time.sleep(60)
+        os._exit(0)
+    os.write(1, str(child).encode())
+    return [child, shm]
+"""
+LOOK_FOR_IT = """
+import ctypes, os, socket
+def inc(leftover):
+    found = [name for name in os.listdir('.') if not name.startswith('.')]  # the fallback's own files
+    try:
+        os.kill(leftover, 0)
+        found.append('process')
+    except OSError:
+        pass
+    if ctypes.CDLL(None, use_errno=True).shmget(0x5EED, 0, 0) != -1:
+        found.append('shm')
+    try:
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect('\\0llm-envs-sandbox-test')
+        found.append('socket')
+    except OSError:
+        pass
+    return found
+"""
+
+
+def test_nothing_a_program_leaves_behind_reaches_the_next_one(sandbox_path):
+    first = _run(LEAVE_SOMETHING_BEHIND, "def check(candidate):\n    assert candidate(0)[1] != -1\n")
+    assert first.all_passed, first.outcomes[0].message  # it did create the System V segment
+    child = int(first.stdout) if first.stdout else 2
+    second = _run(LOOK_FOR_IT, f"def check(candidate):\n    assert candidate({child}) == []\n")
+    assert second.all_passed, second.outcomes[0].message
+
+
+CORRUPT_THE_INTERPRETER = """
+import builtins, json, math, os, random, sys, typing
+def inc(x):
+    builtins.len = lambda value: 0
+    math.sqrt = lambda value: -1.0
+    json.dumps = lambda *args, **kwargs: '{"ok": ["i", "0x7"]}'
+    typing.List = None
+    random.seed(0)
+    sys.setrecursionlimit(40)
+    os.environ['LLM_ENVS_LEFT_BEHIND'] = '1'
+    for module in list(sys.modules.values()):
+        for name in ('encode', 'write_frame', 'serve_program'):
+            if hasattr(module, name):
+                setattr(module, name, None)
+    sys.modules['__main__'].__dict__.clear()
+    return x + 1
+"""
+USE_THE_INTERPRETER = """
+import json, math, os, random
+from typing import List
+def inc(x):
+    values: List[int] = [x, x + 1]
+    return [len(values), math.sqrt(16.0), json.dumps({'a': x}), os.environ.get('LLM_ENVS_LEFT_BEHIND'),
+            random.random() != random.Random(0).random()]
+"""
+
+
+def test_a_program_that_corrupts_its_interpreter_does_not_affect_the_next(sandbox_path):
+    servers = _server_pids()
+    broken = _run(CORRUPT_THE_INTERPRETER)  # it breaks its own result channel too
+    assert broken.passed == 0 and broken.reason == "crashed"
+    tests = "def check(candidate):\n    assert candidate(1) == [2, 4.0, '{\"a\": 1}', None, True]\n"
+    for _ in range(3):
+        result = _run(USE_THE_INTERPRETER, tests)
+        assert result.all_passed, result.outcomes[0].message
+    if sandbox_path == "fork_server":
+        assert _server_pids() == servers  # the same warm servers ran all of them
+
+
+@pytest.mark.parametrize("sandbox_path", ["fork_server"], indirect=True)
+def test_a_dead_fork_server_is_replaced(sandbox_path):
+    _run(GOOD)
+    victim = sandbox._idle_servers[-1]
+    os.kill(victim.server_pid, signal.SIGKILL)
+    assert _run(GOOD).all_passed
+    assert victim.dead and victim.server_pid not in _server_pids()
+    # A server killed while a program runs: that test fails, the caller neither hangs nor crashes.
+    busy = list(sandbox._idle_servers)
+
+    def kill_the_server_once_a_program_runs() -> None:
+        """Kill the server whose program has been running for a second (loaded, inside the call)."""
+        seen: dict[str, float] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for server in busy:
+                try:
+                    with open(f"/proc/{server.server_pid}/task/{server.server_pid}/children") as fh:
+                        child = fh.read().strip()
+                except OSError:  # a server that is gone already
+                    continue
+                if child and time.monotonic() - seen.setdefault(child, time.monotonic()) > 1.0:
+                    os.kill(server.server_pid, signal.SIGKILL)
+                    return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_the_server_once_a_program_runs)
+    killer.start()
+    program = "import time\ndef inc(x):\n    if x == 1:\n        time.sleep(5)\n    return x + 1\n"
+    limits = SandboxLimits(timeout_s=20.0, test_timeout_s=10.0)
+    result = _run(program, "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(2) == 3\n",
+                  limits=limits)
+    killer.join()
+    assert [o.status for o in result.outcomes] == ["error", "passed"], result.outcomes
+    assert result.duration_s < 5  # the caller noticed at once, it did not wait for the sleep
+    assert _run(GOOD).all_passed
+
+
+@pytest.mark.parametrize("sandbox_path", ["fork_server", pytest.param("process_per_program", marks=pytest.mark.slow)],
+                         indirect=True)
+def test_a_thousand_programs_leak_no_process_fd_mount_or_directory(sandbox_path):
+    scratch = os.path.join(tempfile.gettempdir(), "llm-envs-sandbox-")
+    owners = {os.getuid()} | set(_slot_uids())  # the temporary directory is shared with other processes
+
+    def leftovers() -> tuple:
+        mounts = sorted(len(open(f"/proc/{pid}/mountinfo").read().splitlines())
+                        for pid in (s.server_pid for s in sandbox._idle_servers))
+        dirs = sorted(e.name for e in os.scandir(tempfile.gettempdir())
+                      if e.path.startswith(scratch) and e.stat().st_uid in owners)
+        return len(os.listdir("/proc/self/fd")), mounts, dirs
+
+    jobs = [SandboxJob(GOOD if i % 3 else "import os\ndef inc(x):\n    os.fork()\n    return x\n", TESTS, "inc",
+                       limits=FAST) for i in range(1000)]
+    run_many(jobs[:8])
+    before = leftovers()
+    results = run_many(jobs)
+    assert [r.passed for r in results] == [0 if i % 3 == 0 else 3 for i in range(1000)]
+    deadline = time.monotonic() + 3
+    while _own_sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _own_sandbox_processes() == []
+    assert leftovers() == before
+
+
+def test_the_report_names_the_path_that_ran(sandbox_path, monkeypatch):
+    report = isolation_report()
+    result = _run(GOOD)
+    assert report["path"] == result.path == sandbox_path
+    if sandbox_path == "fork_server":
+        assert report["fallback_reason"] == ""
+        assert all(report[flag] for flag in ("network_isolated", "pid_namespace", "filesystem_hidden", "disk_capped",
+                                             "privileges_dropped"))
+    monkeypatch.setenv(FORK_SERVER_ENV, "0")
+    assert sandbox._probe_fork_server() == (False, f"switched off by {FORK_SERVER_ENV}=0")
+
+
+def test_bad_disk_limits_fail_clearly():
+    with pytest.raises(ValueError, match="max_disk_mb must be a positive int, got 0"):
+        SandboxLimits(max_disk_mb=0)
+    with pytest.raises(ValueError, match=r"max_disk_files must be a positive int, got 1\.5"):
+        SandboxLimits(max_disk_files=1.5)
+
+
+
+
+def test_a_forked_caller_makes_its_own_pool_and_servers(sandbox_path):
+    assert run_many([SandboxJob(GOOD, TESTS, "inc", limits=FAST)] * 3)[0].all_passed  # pool and servers exist
+    parents = _server_pids()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # a data-loader worker, say
+        try:
+            results = run_many([SandboxJob(GOOD, TESTS, "inc", limits=FAST)] * 3)
+            report = f"{sum(r.passed for r in results)} {sorted(_server_pids() & parents)}"
+            os.write(write_end, report.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    report = os.read(read_end, 1000).decode()
+    os.close(read_end)
+    os.waitpid(child, 0)
+    assert report == "9 []"  # all passed, on servers of its own
+    assert _server_pids() == parents and _run(GOOD).all_passed
+
+
+@pytest.mark.parametrize("sandbox_path", ["fork_server"], indirect=True)
+def test_a_fork_server_that_cannot_start_says_why_and_the_probe_falls_back(sandbox_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "_stdlib_dir", lambda: "/nonexistent/python3")
+    with pytest.raises(OSError, match="fork server did not start: binding the standard library: No such file"):
+        sandbox._ForkServer()
+    fast, reason = sandbox._probe_fork_server()
+    assert not fast and "binding the standard library" in reason

@@ -115,6 +115,12 @@ class Task:
         :attr:`reward_components`."""
         raise NotImplementedError
 
+    def prepare_rewards(self, turns: Sequence[tuple[Problem, Mapping[str, str]]]) -> None:
+        """Optional: compute the rewards of many finished turns at once, before :meth:`reward` is asked
+        for each of them. A vector env calls it with every env's ``(problem, outputs)`` of a step. The
+        default does nothing; a task whose reward is slow but batches well (the coding tasks run all
+        the programs concurrently in the sandbox) computes and caches them here."""
+
     def agent_rewards(
         self, problem: Problem, outputs: Mapping[str, str], total: float, components: Mapping[str, float]
     ) -> dict[str, float]:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from llm_envs.core.parallel import ParallelLLMEnv
+from llm_envs.core.task import Task
 
 
 class VectorEnv:
@@ -115,6 +116,7 @@ class VectorEnv:
                     self._check_pad(i, agent, actions[agent][i])
                 else:
                     env.check_action(agent, actions[agent][i])
+        self._prepare_rewards(actions)
         results = []
         for i, env in enumerate(self.envs):
             if self.done[i]:
@@ -135,6 +137,18 @@ class VectorEnv:
         elif any(not env.agents for env in self.envs) and self.step_unit != "token":
             raise RuntimeError("Envs of one batch finished at different turns; give them the same num_turns.")
         return obs, rewards, terms, truncs, infos
+
+    def _prepare_rewards(self, actions: Mapping[str, Any]) -> None:
+        """Hand every env's turn of this step to the task at once (:meth:`Task.prepare_rewards`: the
+        coding tasks run the programs of the whole batch concurrently). In token mode the envs end
+        their turns at different steps, so each scores its own."""
+        task = self.envs[0].task
+        if self.step_unit == "token" or type(task).prepare_rewards is Task.prepare_rewards:
+            return
+        turns = [(env.problem, {a: env.parse_action(a, actions[a][i]).text for a in self.agents})
+                 for i, env in enumerate(self.envs) if not self.done[i]]
+        if len(turns) > 1:
+            task.prepare_rewards(turns)
 
     def _check_pad(self, i: int, agent: str, action: Any) -> None:
         pad = self.envs[i].pad_token_id

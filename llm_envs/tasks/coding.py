@@ -19,7 +19,9 @@ The program that is run is: the problem prompt's imports and its helper function
 entry point), then ``aux`` from the helper's text, then the entry point from main's text. Only those
 functions are taken from the texts (with ``ast``; markdown fences are removed), so stray top-level
 code in a response is never run. The program runs in :mod:`llm_envs.sandbox` (one isolated process
-per program); each assertion of the problem's ``check(candidate)`` is scored on its own.
+per program); each assertion of the problem's ``check(candidate)`` is scored on its own. A
+:class:`~llm_envs.core.vector.VectorEnv` hands the programs of all its envs to the sandbox together
+(:meth:`CodingTask.prepare_rewards`), so a batch uses every core.
 
 Reward (reference definition; see :mod:`llm_envs.rewards.coding`):
 
@@ -71,16 +73,25 @@ Version history: v0 (initial).
 
 from __future__ import annotations
 
+import collections
 import functools
 import gzip
 import json
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llm_envs.core.task import Context, Problem, Prompt, Response, Task
 from llm_envs.data import load_rows, package_data_file
-from llm_envs.rewards.coding import AUX_NAME, COMPONENTS, MAX_REWARD, CodeScore, score_collaboration
+from llm_envs.rewards.coding import (
+    AUX_NAME,
+    COMPONENTS,
+    MAX_REWARD,
+    CodeScore,
+    score_collaboration,
+    score_collaborations,
+)
 from llm_envs.sandbox import SandboxLimits
 
 SOURCES = ("humaneval", "coophumaneval", "mbpp")
@@ -231,9 +242,49 @@ def entry_point_params(prompt: str, entry_point: str) -> str:
 # Scores are cached so that feedback reuses the run that produced the reward.
 
 
-@functools.lru_cache(maxsize=256)
+SCORE_CACHE_SIZE = 1024
+"""Scores kept (least recently used dropped): a vector env's whole batch, scored at once by
+:meth:`CodingTask.prepare_rewards`, must still be there when each env asks for its reward and feedback."""
+_ScoreKey = tuple[str, str, str, str, str, SandboxLimits]
+_scores: collections.OrderedDict[_ScoreKey, CodeScore] = collections.OrderedDict()
+_scores_lock = threading.Lock()
+
+
+def _cached_score(key: _ScoreKey) -> CodeScore | None:
+    with _scores_lock:
+        score = _scores.get(key)
+        if score is not None:
+            _scores.move_to_end(key)
+        return score
+
+
+def _remember(key: _ScoreKey, score: CodeScore) -> None:
+    with _scores_lock:
+        _scores[key] = score
+        _scores.move_to_end(key)
+        while len(_scores) > SCORE_CACHE_SIZE:
+            _scores.popitem(last=False)
+
+
+def _score_many(keys: Sequence[_ScoreKey]) -> None:
+    """Score the keys not cached yet, all programs concurrently in the sandbox."""
+    by_limits: dict[SandboxLimits, list[_ScoreKey]] = {}
+    for key in dict.fromkeys(keys):
+        if _cached_score(key) is None:
+            by_limits.setdefault(key[5], []).append(key)
+    for limits, todo in by_limits.items():
+        columns = list(zip(*(key[:5] for key in todo)))
+        for key, score in zip(todo, score_collaborations(*columns, limits=limits)):
+            _remember(key, score)
+
+
 def _score(aux: str, main: str, prompt: str, test: str, entry_point: str, limits: SandboxLimits) -> CodeScore:
-    return score_collaboration(aux, main, prompt, test, entry_point, limits)
+    key = (aux, main, prompt, test, entry_point, limits)
+    score = _cached_score(key)
+    if score is None:
+        score = score_collaboration(aux, main, prompt, test, entry_point, limits)
+        _remember(key, score)
+    return score
 
 
 def _diagnostics(score: CodeScore, entry_point: str) -> list[str]:
@@ -322,13 +373,21 @@ class CodingTask(Task):
                       FEEDBACK_HEADER + (context.feedback(role) or "")]
         return parts
 
-    def score(self, problem: Problem, outputs: Mapping[str, str]) -> CodeScore:
-        """The full :class:`~llm_envs.rewards.coding.CodeScore` of a joint attempt (cached)."""
+    def _key(self, problem: Problem, outputs: Mapping[str, str]) -> _ScoreKey:
         missing = [r for r in self.roles if not isinstance(outputs.get(r), str)]
         if missing:
             raise ValueError(f"outputs need a string for each role {self.roles}; missing {missing}.")
-        return _score(outputs["helper"], outputs["main"], problem["prompt"], problem["test"],
-                      problem["entry_point"], self.limits)
+        return (outputs["helper"], outputs["main"], problem["prompt"], problem["test"], problem["entry_point"],
+                self.limits)
+
+    def score(self, problem: Problem, outputs: Mapping[str, str]) -> CodeScore:
+        """The full :class:`~llm_envs.rewards.coding.CodeScore` of a joint attempt (cached)."""
+        return _score(*self._key(problem, outputs))
+
+    def prepare_rewards(self, turns: Sequence[tuple[Problem, Mapping[str, str]]]) -> None:
+        """Score a batch of joint attempts with all their programs running concurrently (a vector env
+        calls this with every env's outputs of a step; each env's reward then comes from the cache)."""
+        _score_many([self._key(problem, outputs) for problem, outputs in turns])
 
     def reward(self, problem: Problem, outputs: Mapping[str, str]) -> tuple[float, dict[str, float]]:
         score = self.score(problem, outputs)
