@@ -1,0 +1,110 @@
+"""Seconds per iteration of MAGRPO, PPO and CORY before and after the rollout engine, in one script,
+each path in its own process (so each peak RSS is its own), on the embedded SmolLM2-135M-Instruct.
+
+- ``before``: what the learners did until the engine: transformers' ``generate`` one agent at a time,
+  a float32 base, MAGRPO's update on a whole turn at once (``--backend generate --dtype float32``,
+  MAGRPO also ``--micro-batch-tokens 0``).
+- ``after``: today's defaults.
+
+Shapes: MAGRPO, 2 agents (writing/xsum-v0), 1 problem x G=4, 48 new tokens, temperature 0.7 / top-p
+0.9, chat prompts of about 40 tokens, evaluation off. PPO (sentiment/imdb-v0) and CORY
+(sentiment/imdb-cory-v0) with bench/cory_vs_ppo.py's settings: 16 episodes, 4 PPO epochs on one
+minibatch of 16, 4-16 new tokens, evaluation off. The figure is the median over rounds of each run's
+median seconds per iteration, the first iteration (one-off set-up) left out. Prints one JSON object on
+its last line.
+
+    python bench/iterations.py [--learners magrpo ppo cory] [--iterations 8] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["--checkpoint-every", "0", "--no-tensorboard", "--no-progress", "--num-eval-problems", "0"]
+SHAPES = {
+    "magrpo": [
+        "--env", "writing/xsum-v0", "--max-source-words", "12", "--num-problems", "1", "--num-generations", "4",
+        "--max-new-tokens", "48", "--temperature", "0.7", "--top-p", "0.9", "--overwrite",
+    ],
+    "ppo": [
+        "--env", "sentiment/imdb-v0", "--batch-size", "16", "--minibatch-size", "16", "--num-ppo-epochs", "4",
+        "--min-new-tokens", "4", "--max-new-tokens", "16", "--learning-rate", "5e-4",
+    ],
+    "cory": [
+        "--batch-size", "16", "--minibatch-size", "16", "--num-ppo-epochs", "4", "--min-new-tokens", "4",
+        "--max-new-tokens", "16", "--learning-rate", "5e-4",
+    ],
+}
+BEFORE = {
+    "magrpo": ["--backend", "generate", "--dtype", "float32", "--micro-batch-tokens", "0"],
+    "ppo": ["--backend", "generate", "--dtype", "float32"],
+    "cory": ["--backend", "generate", "--dtype", "float32"],
+}
+
+CHILD = """
+import json, resource, sys
+from baselines import cory, magrpo, ppo
+from baselines.common import read_metrics
+import tyro
+module = {"magrpo": magrpo, "ppo": ppo, "cory": cory}[sys.argv[1]]
+config = tyro.cli(module.Config, args=sys.argv[2:])
+module.main(config)
+rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "charts/s_per_iteration" in r]
+print(json.dumps({"s_per_iteration": [r["charts/s_per_iteration"] for r in rows],
+                  "rollout_fraction": [r["charts/rollout_fraction"] for r in rows],
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run(learner: str, path: str, iterations: int, out: Path) -> dict:
+    extra = BEFORE[learner] if path == "before" else []
+    args = [*SHAPES[learner], *COMMON, "--num-iterations", str(iterations), "--output-dir", str(out),
+            "--run-name", f"{learner}-{path}", *extra]
+    proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{learner} {path} run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median_of(records: list[dict], key: str) -> float:
+    return round(statistics.median(statistics.median(r[key][1:]) for r in records), 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--learners", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    result: dict[str, object] = {"iterations": args.iterations, "rounds": args.rounds,
+                                 "threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory() as tmp:
+        for learner in args.learners:
+            runs: dict[str, list[dict]] = {"before": [], "after": []}
+            for _ in range(args.rounds):
+                for path in runs:
+                    runs[path].append(run(learner, path, args.iterations, Path(tmp)))
+            summary: dict[str, object] = {}
+            for path, records in runs.items():
+                summary[path] = {
+                    "s_per_iteration": median_of(records, "s_per_iteration"),
+                    "rollout_fraction": median_of(records, "rollout_fraction"),
+                    "peak_rss_mb": round(max(r["peak_rss_mb"] for r in records)),
+                }
+            summary["speedup"] = round(summary["before"]["s_per_iteration"] / summary["after"]["s_per_iteration"], 2)
+            result[learner] = summary
+            print(json.dumps({learner: summary}), file=sys.stderr, flush=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
