@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny_models import tiny_model as build_tiny_model
 
+import agents.models
 from agents import Generation, LoraSettings, MultiAgentPolicy, Sampling
 from agents.models import load_model, resolve_device, resolve_dtype
 from llm_envs.tokenizers import load_tokenizer
@@ -509,7 +510,10 @@ def test_model_loading_options(tokenizer, tmp_path):
         resolve_dtype(torch.int64, torch.device("cpu"))
     with pytest.raises(ValueError, match="got 'gpu0'"):
         resolve_device("gpu0")
-    assert resolve_dtype(None, torch.device("cpu")) == torch.float32
+    # Unset: bfloat16 where the CPU multiplies it natively (avx512_bf16 / AMX), else float32.
+    native = agents.models.cpu_has_native_bf16()
+    assert resolve_dtype(None, torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("auto", torch.device("cpu")) == resolve_dtype(None, torch.device("cpu"))
 
 
 def test_vocabulary_mismatch_is_an_error(tokenizer):
