@@ -401,7 +401,7 @@ class RolloutEngine:
             logits = lm_head(last[active, -1]).float()  # (A, V)
             token, logprob = self._choose(
                 logits,
-                history[active],
+                history[active] if repetition_penalty != 1.0 else history[:0],
                 generators=None if generators is None else [generators[i] for i in active.tolist()],
                 temperature=temperature,
                 top_p=top_p,
