@@ -1,0 +1,89 @@
+"""Milliseconds per decode step on the embedded SmolLM2-135M (40-token chat prompts, KV cache, 48 steps):
+the bare loop (model forward with the cache and arg-max, no ``generate`` machinery), plain
+``model.generate`` (greedy), and the rollout engine (two LoRA adapters, half the rows each, sampling at
+temperature 0.7 / top-p 0.9 / top-k 50), each in float32 and bfloat16, for 4, 8, 16 and 32 rows.
+Each figure is the median of ``--repeats`` runs. Prints one JSON object on its last line.
+
+    python bench/decode_table.py [--rows 4 8 16 32] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate import QUESTIONS, bare_loop_ms  # noqa: E402
+
+from agents import LoraSettings, MultiAgentPolicy, load_model  # noqa: E402
+from llm_envs.tokenizers import load_tokenizer  # noqa: E402
+
+STEPS = 48
+
+
+def chat_prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in (QUESTIONS * (n // len(QUESTIONS) + 1))[:n]
+    ]
+    enc = tokenizer(texts, padding=True, return_tensors="pt")
+    return enc.input_ids, enc.attention_mask
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for seed in range(repeats):
+        torch.manual_seed(seed)
+        times.append(fn())
+    return round(statistics.median(times), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(None)
+    table: dict[str, dict[int, float]] = {}
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(None, dtype=dtype)
+        policy = MultiAgentPolicy(load_model(None, dtype=dtype), tokenizer, ["helper", "main"], lora=LoraSettings())
+        for rows in args.rows:
+            ids, mask = chat_prompts(tokenizer, rows)
+
+            def bare() -> float:
+                return bare_loop_ms(model, ids, mask, STEPS)
+
+            def generate() -> float:
+                start = time.perf_counter()
+                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=STEPS,
+                                     min_new_tokens=STEPS, pad_token_id=tokenizer.pad_token_id)
+                return 1000 * (time.perf_counter() - start) / (out.shape[1] - ids.shape[1])
+
+            half = max(rows // 2, 1)
+            prompts = {"helper": (ids[:half], mask[:half]), "main": (ids[half:], mask[half:])}
+
+            def engine() -> float:
+                start = time.perf_counter()
+                gens = policy.generate_joint(prompts, 1, max_new_tokens=STEPS, temperature=0.7, top_p=0.9, top_k=50)
+                steps = max(g.response_ids.shape[1] for g in gens.values())
+                return 1000 * (time.perf_counter() - start) / steps
+
+            for name, fn in (("bare loop", bare), ("model.generate", generate), ("engine, 2 adapters", engine)):
+                table.setdefault(f"{dtype} {name}", {})[rows] = median_ms(fn, args.repeats)
+            print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
+    print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
+                      "steps": STEPS, "threads": torch.get_num_threads()}))
+
+
+if __name__ == "__main__":
+    main()
