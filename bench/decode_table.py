@@ -10,6 +10,7 @@ Each figure is the median of ``--repeats`` runs. Prints one JSON object on its l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -21,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from generate import QUESTIONS, bare_loop_ms  # noqa: E402
+from generate import QUESTIONS, bare_loop_ms
 
-from agents import LoraSettings, MultiAgentPolicy, load_model  # noqa: E402
-from llm_envs.tokenizers import load_tokenizer  # noqa: E402
+from agents import LoraSettings, MultiAgentPolicy, load_model
+from llm_envs.tokenizers import load_tokenizer
 
 STEPS = 48
 
@@ -47,6 +48,19 @@ def median_ms(fn, repeats: int) -> float:
     return round(statistics.median(times), 1)
 
 
+def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> float:
+    start = time.perf_counter()
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=STEPS,
+                         min_new_tokens=STEPS, pad_token_id=tokenizer.pad_token_id)
+    return 1000 * (time.perf_counter() - start) / (out.shape[1] - ids.shape[1])
+
+
+def engine_ms(policy, prompts) -> float:
+    start = time.perf_counter()
+    gens = policy.generate_joint(prompts, 1, max_new_tokens=STEPS, temperature=0.7, top_p=0.9, top_k=50)
+    return 1000 * (time.perf_counter() - start) / max(g.response_ids.shape[1] for g in gens.values())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32])
@@ -60,25 +74,14 @@ def main() -> None:
         for rows in args.rows:
             ids, mask = chat_prompts(tokenizer, rows)
 
-            def bare() -> float:
-                return bare_loop_ms(model, ids, mask, STEPS)
-
-            def generate() -> float:
-                start = time.perf_counter()
-                out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=STEPS,
-                                     min_new_tokens=STEPS, pad_token_id=tokenizer.pad_token_id)
-                return 1000 * (time.perf_counter() - start) / (out.shape[1] - ids.shape[1])
-
             half = max(rows // 2, 1)
             prompts = {"helper": (ids[:half], mask[:half]), "main": (ids[half:], mask[half:])}
-
-            def engine() -> float:
-                start = time.perf_counter()
-                gens = policy.generate_joint(prompts, 1, max_new_tokens=STEPS, temperature=0.7, top_p=0.9, top_k=50)
-                steps = max(g.response_ids.shape[1] for g in gens.values())
-                return 1000 * (time.perf_counter() - start) / steps
-
-            for name, fn in (("bare loop", bare), ("model.generate", generate), ("engine, 2 adapters", engine)):
+            runs = (
+                ("bare loop", functools.partial(bare_loop_ms, model, ids, mask, STEPS)),
+                ("model.generate", functools.partial(generate_ms, model, tokenizer, ids, mask)),
+                ("engine, 2 adapters", functools.partial(engine_ms, policy, prompts)),
+            )
+            for name, fn in runs:
                 table.setdefault(f"{dtype} {name}", {})[rows] = median_ms(fn, args.repeats)
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
     print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
