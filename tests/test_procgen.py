@@ -223,7 +223,8 @@ HOSTILE = {
     "answer, then an infinite loop": ("print(ANSWER)\nwhile True:\n    pass", "timeout"),
     "1e8 characters of output": ("print('R' * 10**8)", "error"),
     "endless output": ("while True:\n    print('D' * 1000)", None),
-    "reads /etc/passwd": ("print(open('/etc/passwd').read())", "ok"),
+    # The sandbox's fork server hides /etc (an error); its fallback path shows it (ok): either way, 0.
+    "reads /etc/passwd": ("print(open('/etc/passwd').read())", None),
     "reads its environment": ("import os\nprint(dict(os.environ))", "ok"),
     "lists the caller's tree": (f"import os\nprint(os.listdir({str(ROOT)!r}))", None),
     "memory bomb": ("x = 'a' * 10**10", "error"),
