@@ -7,8 +7,9 @@ Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) that needs few, lar
 
 - the frozen base's q/k/v and gate/up projections run as one matmul each (their weights are laid
   out contiguously once, with no copy kept: the model's own weights become views of the fused ones);
-- each agent's LoRA is applied to its block of rows with two batched matmuls per fused projection
-  (``(blocks, rows, in) @ (blocks, in, r)`` then ``@ (blocks, r, out)``, scale folded in); rows are
+- each agent's LoRA is applied to its block of rows with two batched float32 matmuls per fused
+  projection (``(blocks, rows, in) @ (blocks, in, r)`` then ``@ (blocks, r, out)``, scale folded in;
+  float32 as PEFT computes adapters, and on CPU a bf16 ``bmm`` of these shapes is ~20x slower); rows are
   grouped by agent, so a batch of two agents costs two extra small matmuls per projection, not a
   Python loop over adapters per layer as PEFT's mixed batches do;
 - a static KV cache (one allocation per call), RoPE computed once per step for all layers,
@@ -232,6 +233,7 @@ class RolloutEngine:
             return out
         a_stack, b_stack = lora
         n, s = x.shape[0], x.shape[1]
+        x = x.to(a_stack.dtype)  # adapters run in float32, as PEFT runs them (and CPU bmm is fast there)
         if len(set(blocks)) == 1:
             xs = x.reshape(len(blocks), blocks[0] * s, x.shape[-1])
             delta = torch.bmm(torch.bmm(xs, a_stack), b_stack).view(n, s, -1)
@@ -242,7 +244,7 @@ class RolloutEngine:
                 parts.append((xs @ a_stack[i]) @ b_stack[i])
                 start += rows
             delta = torch.cat(parts).view(n, s, -1)
-        return out + delta
+        return out + delta.to(out.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
@@ -360,8 +362,8 @@ class RolloutEngine:
         layers = self.causal_lm.model.layers
         pre_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                       for _ in layers]
-        # Each block's adapter, stacked per projection; the same stacks serve the sample rows.
-        loras = [{k: self._lora(p, pre_blocks, dtype) for k, p in w.items()} for w in weights]
+        # Each block's adapter, stacked per projection in float32; the same stacks serve the sample rows.
+        loras = [{k: self._lora(p, pre_blocks, torch.float32) for k, p in w.items()} for w in weights]
         positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         cos, sin = self._rope(positions, dtype)
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
@@ -502,11 +504,15 @@ def _candidates(
     ~0.1 ms and ~20 ms a step on CPU."""
     vocab = scores.shape[-1]
     if top_k > 0:
-        values, indices = torch.topk(scores, min(top_k, vocab), dim=-1)
-        # transformers keeps every token tied with the k-th: rare, but keep it exact.
-        tied = (scores == values[:, -1:]).sum(-1) > (values == values[:, -1:]).sum(-1)
-        if bool(tied.any()):
-            values, indices = torch.sort(scores.masked_fill(scores < values[:, -1:], float("-inf")), descending=True)
+        k = min(top_k, vocab)
+        values, indices = torch.topk(scores, k, dim=-1)
+        # transformers keeps every token tied with the k-th (common with bf16 logits): widen the window
+        # to the largest count of tokens at or above the k-th score, and drop what falls below it.
+        kth = values[:, -1:]
+        wide = int((scores >= kth).sum(-1).max())
+        if wide > k:
+            values, indices = torch.topk(scores, wide, dim=-1)
+            values = values.masked_fill(values < kth, float("-inf"))
         return values, indices, values.logsumexp(-1, keepdim=True)
     if top_p >= 1.0:
         return None
