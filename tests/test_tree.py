@@ -34,10 +34,14 @@ class ScriptedPolicy:
         self.tok = tokenizer
         self.pad_token_id = tokenizer.pad_token_id
         self.calls: list[dict[str, int]] = []
+        self.prompts: list[dict[str, list[str]]] = []
+        """Per call: each agent's prompt rows as text."""
 
     def generate_joint(self, prompts, num_samples, **sampling):
         level = len(self.calls)
         self.calls.append({a: len(ids) for a, (ids, _) in prompts.items()})
+        self.prompts.append({a: [self.tok.decode(row[m.bool()]) for row, m in zip(ids, mask)]
+                             for a, (ids, mask) in prompts.items()})
         out = {}
         for agent, (ids, mask) in prompts.items():
             words = [f"{agent}{level}{b}{g}" for b in range(len(ids)) for g in range(num_samples)]
@@ -77,21 +81,23 @@ def tokenizer():
     return load_tokenizer(None)
 
 
-def scripted_env(tokenizer, table, num_turns):
+def scripted_env(tokenizer, table, num_turns, **env_kwargs):
     task = TemplateTask(
         roles=("x", "y"),
         problems=[{"q": "one"}],
         prompts={"x": "Say a word about {q}.", "y": "Say another word about {q}."},
         reward=lambda problem, outputs: table.get((outputs["x"].strip(), outputs["y"].strip()), 0.0),
     )
-    return ParallelLLMEnv(task, tokenizer=tokenizer, num_turns=num_turns, max_new_tokens=8, max_prompt_tokens=512)
+    return ParallelLLMEnv(
+        task, tokenizer=tokenizer, num_turns=num_turns, max_new_tokens=8, max_prompt_tokens=512, **env_kwargs
+    )
 
 
-def expand(tokenizer, table, num_turns, mode="aligned", threshold=None, gamma=0.5):
+def expand(tokenizer, table, num_turns, mode="aligned", threshold=None, gamma=0.5, **env_kwargs):
     policy = ScriptedPolicy(tokenizer)
     levels = rollout_tree(
         policy,
-        scripted_env(tokenizer, table, num_turns),
+        scripted_env(tokenizer, table, num_turns, **env_kwargs),
         [0],
         [{"task_index": 0}],
         num_generations=2,
