@@ -67,6 +67,14 @@ class Config:
     termination_threshold: float | None = None
     """Tree rollouts: a node whose mean joint reward exceeds this expands no further (the reference's
     early termination; its default is -0.2). Unset: every node expands until the last turn."""
+    transition: str | None = None
+    """What agents see on later turns (an env argument, llm_envs/transitions.py): unset for the task's
+    feedback; level-feedback, plain (self-revision), module:function, or expert (a second model,
+    --expert-model, writes edit suggestions into the next prompts; its cost is logged)."""
+    expert_model: str | None = None
+    """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
+    expert_max_new_tokens: int = 64
+    """Longest suggestion of the --transition expert model."""
     grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
     """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
     samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
@@ -169,6 +177,7 @@ class Config:
             "max_new_tokens",
             "lora_rank",
             "num_epochs",
+            "expert_max_new_tokens",
         )
         for name in positive:
             value = getattr(self, name)
@@ -273,6 +282,19 @@ class Config:
             kwargs["max_source_words"] = self.max_source_words
         if self.data_path is not None:
             kwargs["data_path"] = self.data_path
+        if self.transition is not None and self.transition != "expert":
+            kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
+        return kwargs
+
+    def build_env_kwargs(self) -> dict[str, Any]:
+        """:meth:`env_kwargs` with the ``--transition expert`` model loaded (agents.ExpertTransition)."""
+        kwargs = self.env_kwargs()
+        if self.transition == "expert":
+            from agents import ExpertTransition
+
+            kwargs["transition"] = ExpertTransition(
+                self.expert_model, max_new_tokens=self.expert_max_new_tokens, device=self.device
+            )
         return kwargs
 
     def run_dir(self) -> Path:
@@ -593,7 +615,7 @@ def main(config: Config) -> dict[str, float]:
     result only."""
     from tqdm.auto import tqdm
 
-    from agents import LoraSettings
+    from agents import ExpertTransition, LoraSettings
     from baselines import distributed
     from baselines.common import (
         MetricLogger,
@@ -639,7 +661,8 @@ def main(config: Config) -> dict[str, float]:
     positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
     n_envs = config.num_problems * config.num_generations
     n_local = len(positions) * config.num_generations
-    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
+    env_kwargs = config.build_env_kwargs()
+    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     devices = distributed.device_for(config.placement, agents, info, config.device)
     policy = distributed.build_policy(
         agents,
@@ -657,7 +680,7 @@ def main(config: Config) -> dict[str, float]:
         n_local,
         max_new_tokens=config.max_new_tokens,
         stop_token_ids=list(policy.eos_token_ids),
-        **config.env_kwargs(),
+        **env_kwargs,
     )
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
@@ -707,7 +730,7 @@ def main(config: Config) -> dict[str, float]:
             top_k=config.top_k,
             greedy=config.eval_greedy,
             seed=config.seed,
-            env_kwargs=config.env_kwargs(),
+            env_kwargs=env_kwargs,
         )
         distributed.barrier()
         return result
@@ -796,6 +819,10 @@ def main(config: Config) -> dict[str, float]:
                 for key, value in last.items():
                     if key.startswith("reward_") and key != "reward_total":
                         metrics[f"reward/{key[len('reward_') :]}"] = float(np.mean(value))
+            expert = env_kwargs.get("transition")
+            if isinstance(expert, ExpertTransition):  # the expert model's cost so far
+                metrics["charts/expert_tokens"] = expert.stats["generated_tokens"]
+                metrics["charts/expert_s"] = expert.stats["seconds"]
             step = iteration + 1
             extra["samples"] = int(extra.get("samples", start * n_envs * config.num_turns)) + joint_samples
             for name in ("pg_loss", "loss", "kl", "clip_fraction"):

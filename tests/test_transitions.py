@@ -121,3 +121,34 @@ def test_registered_env_takes_a_transition():
     _, _, _, _, infos = env.step({a: "A short answer." for a in env.agents})
     assert "Your previous answer:\nA short answer." in env.text("detailed")
     assert set(infos["brief"]) == set(env.info_keys)
+
+
+def test_expert_transition_writes_the_next_prompts(tiny_model_dir, tokenizer):
+    import copy
+
+    from agents import ExpertTransition
+
+    expert = ExpertTransition(tiny_model_dir, max_new_tokens=5)
+    assert copy.deepcopy(expert) is expert  # env copies share the model
+    rows = expert.expert_prompts("Add numbers.", ["x-answer", "y-answer"])
+    # The expert reads every agent's response; each row asks about one agent.
+    assert all("x-answer" in r and "y-answer" in r for r in rows)
+    assert "agent 1." in rows[0] and "agent 2." in rows[1]
+    env = scripted_env(tokenizer, TABLE, 2, transition=expert)
+    env.reset(seed=0)
+    _, _, _, _, infos = env.step({"x": "hello", "y": "there"})
+    assert expert.stats["calls"] == 1 and 0 < expert.stats["generated_tokens"] <= 2 * 5
+    assert infos["x"]["transition_s"] > 0
+    text = env.text("x")
+    assert "Your previous answer:\nhello" in text and "An expert reviewer suggests these edits:" in text
+    with pytest.raises(ValueError, match="tokenizer="):
+        ExpertTransition(expert.model)
+
+
+def test_magrpo_config_passes_the_transition():
+    from baselines.magrpo import Config
+
+    assert Config(num_turns=2, transition="plain").env_kwargs()["transition"] == "plain"
+    assert "transition" not in Config(num_turns=2, transition="expert").env_kwargs()  # built by main
+    with pytest.raises(ValueError, match="expert_max_new_tokens"):
+        Config(expert_max_new_tokens=0)

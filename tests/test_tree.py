@@ -215,10 +215,10 @@ def test_config_rejects_bad_tree_settings(overrides, message):
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(rollout="tree", num_turns=2, termination_threshold=10.0),
-        dict(rollout="tree", num_turns=2, joint_mode="cross", grouping="problem-turn"),
+        dict(rollout="tree", num_turns=2, termination_threshold=10.0, transition="plain"),
+        dict(rollout="tree", num_turns=2, joint_mode="cross", grouping="problem-turn", transition="expert"),
     ],
-    ids=["tree", "cross-tree"],
+    ids=["tree-plain", "cross-tree-expert"],
 )
 def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides):
     import math
@@ -228,8 +228,12 @@ def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides)
     from baselines import magrpo
     from baselines.common import read_metrics
 
+    if overrides.get("transition") == "expert":
+        overrides = {**overrides, "expert_model": tiny_model_dir, "expert_max_new_tokens": 4}
     config = tiny_config(tiny_model_dir, tmp_path, num_problems=1, **overrides)
     result = magrpo.main(config)
+    if config.transition == "expert":
+        assert result["charts/expert_tokens"] > 0 and result["charts/expert_s"] > 0
     numbers = {k: v for k, v in result.items() if isinstance(v, float)}
     assert all(math.isfinite(v) for v in numbers.values()), numbers
     rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "charts/responses" in r]
