@@ -152,3 +152,16 @@ def test_magrpo_config_passes_the_transition():
     assert "transition" not in Config(num_turns=2, transition="expert").env_kwargs()  # built by main
     with pytest.raises(ValueError, match="expert_max_new_tokens"):
         Config(expert_max_new_tokens=0)
+
+
+def test_sequential_protocol_appends_earlier_responses():
+    env = llm_envs.make("writing/xsum-v0", protocol="sequential", num_turns=2, transition="test_transitions:shout",
+                        max_source_words=20)
+    env.reset(seed=0)
+    env.step("first brief")
+    env.step("first detailed")
+    assert "PARTNER SAID first detailed" in env.text("brief") and "Response of" not in env.text("brief")
+    env.step("second brief")
+    # The later role sees the transition's prompt, then the earlier role's response of this turn.
+    assert "PARTNER SAID first brief. Try again.\n\nResponse of brief:\nsecond brief" in env.text("detailed")
+    assert CALLS[-1]["prompt_history_per_agent"][1][0].endswith("first brief")  # what detailed acted on
