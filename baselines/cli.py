@@ -7,6 +7,7 @@
                                        train with MAGRPO (``llm-envs train magrpo --help`` lists fields)
     llm-envs train ppo [--FIELD VALUE ...]    independent PPO per agent (docs/ppo.md)
     llm-envs train iac [--FIELD VALUE ...]    the same learner under the reference's name (IAC)
+    llm-envs train maac [--FIELD VALUE ...]   actors with one centralised critic (docs/maac.md)
     llm-envs train cory [--FIELD VALUE ...]   CORY: two PPO models swapping pioneer/observer (docs/cory.md)
     llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5]
                                        mean reward and components on the eval split; pass@k on coding
@@ -76,7 +77,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-LEARNERS = ("magrpo", "ppo", "iac", "cory")
+LEARNERS = ("magrpo", "ppo", "iac", "maac", "cory")
 ALIASES = {"iac": "ppo"}
 """Other names of a learner: IAC (independent actor-critic, the reference's name) is our PPO with one
 value head per agent."""
@@ -213,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
-        "train", help="train agents with a baseline learner (magrpo, ppo or its alias iac, cory)", add_help=False
+        "train", help="train agents with a baseline learner (magrpo, ppo/iac, maac, cory)", add_help=False
     )
     p.add_argument("algo", choices=LEARNERS, help="learner")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="learner flags (see `llm-envs train <algo> --help`)")
