@@ -6,6 +6,8 @@
     llm-envs train magrpo [--preset demo] [--FIELD VALUE ...]
                                        train with MAGRPO (``llm-envs train magrpo --help`` lists fields)
     llm-envs train ppo [--FIELD VALUE ...]    independent PPO per agent (docs/ppo.md)
+    llm-envs train iac [--FIELD VALUE ...]    the same learner under the reference's name (IAC)
+    llm-envs train maac [--FIELD VALUE ...]   actors with one centralised critic (docs/maac.md)
     llm-envs train cory [--FIELD VALUE ...]   CORY: two PPO models swapping pioneer/observer (docs/cory.md)
     llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5]
                                        mean reward and components on the eval split; pass@k on coding
@@ -75,7 +77,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-LEARNERS = ("magrpo", "ppo", "cory")
+LEARNERS = ("magrpo", "ppo", "iac", "maac", "cory")
+ALIASES = {"iac": "ppo"}
+"""Other names of a learner: IAC (independent actor-critic, the reference's name) is our PPO with one
+value head per agent."""
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -83,7 +88,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import tyro
 
-    learner = importlib.import_module(f"baselines.{args.algo}")
+    learner = importlib.import_module(f"baselines.{ALIASES.get(args.algo, args.algo)}")
     presets = getattr(learner, "PRESETS", {})
     rest = list(args.rest)
     preset = None
@@ -208,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode (default: %(default)s)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("train", help="train agents with a baseline learner (magrpo, ppo, cory)", add_help=False)
+    p = sub.add_parser(
+        "train", help="train agents with a baseline learner (magrpo, ppo/iac, maac, cory)", add_help=False
+    )
     p.add_argument("algo", choices=LEARNERS, help="learner")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="learner flags (see `llm-envs train <algo> --help`)")
     p.set_defaults(func=cmd_train)

@@ -54,6 +54,31 @@ class Config:
     """Turns per episode; after each turn the task's feedback goes into the next prompts."""
     seed: int = 0
     """Seeds python, numpy, torch and the envs."""
+    rollout: Literal["linear", "tree"] = "linear"
+    """linear: G episodes per problem, sample g of every agent forms joint g, each episode continues
+    on its own; responses per problem and agent: G * T. tree (the reference's): every joint action of
+    a turn branches into a child node with G new samples per agent; responses per problem and agent:
+    G + G^2 + ... + G^T (aligned), G * (1 + G^N + G^2N + ...) (cross, N agents). See baselines/tree.py."""
+    joint_mode: Literal["aligned", "cross"] = "aligned"
+    """aligned: joint action g = the g-th sample of every agent (G joint rewards per problem and turn);
+    cross: every combination of the agents' samples (G^N joint rewards), each sample credited with the
+    sum of the returns of the joint actions it takes part in (the reference). cross needs --rollout
+    tree when num_turns > 1."""
+    termination_threshold: float | None = None
+    """Tree rollouts: a node whose mean joint reward exceeds this expands no further (the reference's
+    early termination; its default is -0.2). Unset: every node expands until the last turn."""
+    transition: str | None = None
+    """What agents see on later turns (an env argument, llm_envs/transitions.py): unset for the task's
+    feedback; level-feedback, plain (self-revision), module:function, or expert (a second model,
+    --expert-model, writes edit suggestions into the next prompts; its cost is logged)."""
+    expert_model: str | None = None
+    """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
+    expert_max_new_tokens: int = 64
+    """Longest suggestion of the --transition expert model."""
+    grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
+    """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
+    samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
+    auto: agent-turn for trees, problem-turn for linear rollouts."""
 
     num_iterations: int = 100
     """Training iterations (one batch of rollouts and one update per agent each)."""
@@ -157,6 +182,7 @@ class Config:
             "max_new_tokens",
             "lora_rank",
             "num_epochs",
+            "expert_max_new_tokens",
         )
         for name in positive:
             value = getattr(self, name)
@@ -211,12 +237,51 @@ class Config:
             raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
         if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
             raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
+        if self.rollout not in ("linear", "tree"):
+            raise ValueError(f"rollout must be 'linear' or 'tree', got {self.rollout!r}")
+        if self.joint_mode not in ("aligned", "cross"):
+            raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
+        if self.grouping not in ("auto", "agent-turn", "problem-turn"):
+            raise ValueError(f"grouping must be 'auto', 'agent-turn' or 'problem-turn', got {self.grouping!r}")
+        if self.termination_threshold is not None and (
+            isinstance(self.termination_threshold, bool)
+            or not isinstance(self.termination_threshold, (int, float))
+            or not math.isfinite(self.termination_threshold)
+        ):
+            raise ValueError(
+                f"termination_threshold must be a finite float or None, got {self.termination_threshold!r}"
+            )
+        if self.rollout == "linear" and self.num_turns > 1:
+            for name, value, hint in (
+                ("joint_mode", self.joint_mode, "cross"),
+                ("grouping", self.grouping, "agent-turn"),
+            ):
+                if value == hint:
+                    raise ValueError(
+                        f"{name}={value!r} with rollout='linear' and num_turns={self.num_turns}: a linear episode "
+                        "continues one joint action per env, so later turns have one sample per history; use "
+                        "rollout='tree'"
+                    )
+            if self.termination_threshold is not None:
+                raise ValueError(
+                    f"termination_threshold={self.termination_threshold!r} prunes tree branches; use rollout='tree'"
+                )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
 
     def scoring_temperature(self) -> float:
         """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
         return self.temperature if self.logprob_temperature == "sampling" else 1.0
+
+    def resolved_grouping(self) -> str:
+        """The advantage grouping in force (``auto`` resolved)."""
+        if self.grouping != "auto":
+            return self.grouping
+        return "agent-turn" if self.rollout == "tree" else "problem-turn"
+
+    def uses_tree(self) -> bool:
+        """Whether this run plays tree rollouts (baselines/tree.py): a tree, or cross joint sampling."""
+        return self.rollout == "tree" or self.joint_mode == "cross"
 
     def env_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"num_turns": self.num_turns}
@@ -226,6 +291,19 @@ class Config:
             kwargs["max_source_words"] = self.max_source_words
         if self.data_path is not None:
             kwargs["data_path"] = self.data_path
+        if self.transition is not None and self.transition != "expert":
+            kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
+        return kwargs
+
+    def build_env_kwargs(self) -> dict[str, Any]:
+        """:meth:`env_kwargs` with the ``--transition expert`` model loaded (agents.ExpertTransition)."""
+        kwargs = self.env_kwargs()
+        if self.transition == "expert":
+            from agents import ExpertTransition
+
+            kwargs["transition"] = ExpertTransition(
+                self.expert_model, max_new_tokens=self.expert_max_new_tokens, device=self.device
+            )
         return kwargs
 
     def run_dir(self) -> Path:
@@ -551,7 +629,7 @@ def main(config: Config) -> dict[str, float]:
     result only."""
     from tqdm.auto import tqdm
 
-    from agents import LoraSettings
+    from agents import ExpertTransition, LoraSettings
     from baselines import distributed
     from baselines.common import (
         MetricLogger,
@@ -577,6 +655,11 @@ def main(config: Config) -> dict[str, float]:
             f"seed_per_problem=False with {info.world_size} processes: each process would sample its share "
             "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
         )
+    if info.distributed and config.uses_tree():
+        raise ValueError(
+            f"rollout={config.rollout!r}, joint_mode={config.joint_mode!r} runs in one process only (tree levels "
+            f"differ in size between processes); got {info.world_size} processes"
+        )
     if config.num_problems < info.world_size:
         raise ValueError(
             f"num_problems={config.num_problems} cannot be shared among {info.world_size} processes; every "
@@ -592,7 +675,8 @@ def main(config: Config) -> dict[str, float]:
     positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
     n_envs = config.num_problems * config.num_generations
     n_local = len(positions) * config.num_generations
-    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
+    env_kwargs = config.build_env_kwargs()
+    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     devices = distributed.device_for(config.placement, agents, info, config.device)
     policy = distributed.build_policy(
         agents,
@@ -610,7 +694,7 @@ def main(config: Config) -> dict[str, float]:
         n_local,
         max_new_tokens=config.max_new_tokens,
         stop_token_ids=list(policy.eos_token_ids),
-        **config.env_kwargs(),
+        **env_kwargs,
     )
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
@@ -660,7 +744,7 @@ def main(config: Config) -> dict[str, float]:
             top_k=config.top_k,
             greedy=config.eval_greedy,
             seed=config.seed,
-            env_kwargs=config.env_kwargs(),
+            env_kwargs=env_kwargs,
         )
         distributed.barrier()
         return result
@@ -706,37 +790,55 @@ def main(config: Config) -> dict[str, float]:
             t0 = time.perf_counter()
             problems = rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
             g = config.num_generations
-            options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
-            seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
-            turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
-            t_rollout = time.perf_counter() - t0
-            distributed.check_equal(len(turns), "turns per episode")
+            if config.uses_tree():
+                from baselines import tree
 
-            metrics = {}
-            for agent in agents:
-                rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
-                returns = discounted_returns(rewards, config.gamma)  # (N, turns)
-                # Group per problem and per turn: rows are problem-major (b * G + g).
-                # Groups never straddle ranks (problems are sharded whole), so advantages are local.
-                grouped = returns.T.reshape(len(turns), len(positions), config.num_generations)
-                adv = torch.stack([group_advantages(x, config.baseline, config.normalize_std) for x in grouped])
-                adv = adv.reshape(len(turns), -1).T  # (N, turns)
-                stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)
-                for key, value in stats.items():
-                    metrics[f"agent_{agent}/{key}"] = value
-                lengths = torch.cat([turn.responses[agent].response_lengths.float().cpu() for turn in turns])
-                rows = distributed.gather_rows({"lengths": lengths, "adv": adv, "returns": returns})
-                metrics[f"agent_{agent}/response_tokens"] = float(rows["lengths"].mean())
-                metrics[f"agent_{agent}/advantage_abs"] = float(rows["adv"].abs().mean())
-                metrics[f"agent_{agent}/return"] = float(rows["returns"][:, 0].mean())
+                tree_seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
+                tree_options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
+                metrics = tree.train_step(policy, optimizers, venv.envs[0], tree_seeds, tree_options, config)
+                t_rollout = metrics.pop("charts/rollout_s")
+                joint_samples = int(metrics["charts/joint_rewards"])
+            else:
+                options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
+                seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
+                turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
+                t_rollout = time.perf_counter() - t0
+                distributed.check_equal(len(turns), "turns per episode")
+
+                metrics = {}
+                for agent in agents:
+                    rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
+                    returns = discounted_returns(rewards, config.gamma)  # (N, turns)
+                    # Group per problem and per turn: rows are problem-major (b * G + g).
+                    # Groups never straddle ranks (problems are sharded whole), so advantages are local.
+                    grouped = returns.T.reshape(len(turns), len(positions), config.num_generations)
+                    adv = torch.stack([group_advantages(x, config.baseline, config.normalize_std) for x in grouped])
+                    adv = adv.reshape(len(turns), -1).T  # (N, turns)
+                    stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)
+                    for key, value in stats.items():
+                        metrics[f"agent_{agent}/{key}"] = value
+                    lengths = torch.cat([turn.responses[agent].response_lengths.float().cpu() for turn in turns])
+                    rows = distributed.gather_rows({"lengths": lengths, "adv": adv, "returns": returns})
+                    metrics[f"agent_{agent}/response_tokens"] = float(rows["lengths"].mean())
+                    metrics[f"agent_{agent}/advantage_abs"] = float(rows["adv"].abs().mean())
+                    metrics[f"agent_{agent}/return"] = float(rows["returns"][:, 0].mean())
+
+                last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
+                episode_return = distributed.gather_rows(sum(turn.rewards[agents[0]] for turn in turns))
+                metrics["reward/total"] = float(np.mean(last["reward_total"]))
+                metrics["charts/episode_return"] = float(np.mean(episode_return))
+                metrics["charts/reward_std"] = float(np.std(last["reward_total"]))
+                metrics["charts/responses"] = float(n_envs * len(turns) * len(agents))
+                joint_samples = n_envs * len(turns)
+                for key, value in last.items():
+                    if key.startswith("reward_") and key != "reward_total":
+                        metrics[f"reward/{key[len('reward_') :]}"] = float(np.mean(value))
+            expert = env_kwargs.get("transition")
+            if isinstance(expert, ExpertTransition):  # the expert model's cost so far
+                metrics["charts/expert_tokens"] = expert.stats["generated_tokens"]
+                metrics["charts/expert_s"] = expert.stats["seconds"]
             step = iteration + 1
-
-            last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
-            episode_return = distributed.gather_rows(sum(turn.rewards[agents[0]] for turn in turns))
-            metrics["reward/total"] = float(np.mean(last["reward_total"]))
-            for key, value in last.items():
-                if key.startswith("reward_") and key != "reward_total":
-                    metrics[f"reward/{key[len('reward_') :]}"] = float(np.mean(value))
+            extra["samples"] = int(extra.get("samples", start * n_envs * config.num_turns)) + joint_samples
             for name in ("pg_loss", "loss", "kl", "clip_fraction"):
                 values = [metrics[f"agent_{a}/{name}"] for a in agents if f"agent_{a}/{name}" in metrics]
                 if values:
@@ -745,12 +847,11 @@ def main(config: Config) -> dict[str, float]:
             metrics.update(
                 {
                     "charts/iteration": step,
-                    "charts/samples": step * n_envs * len(turns),
-                    "charts/episode_return": float(np.mean(episode_return)),
-                    "charts/reward_std": float(np.std(last["reward_total"])),
+                    "charts/samples": extra["samples"],
                     "charts/s_per_iteration": elapsed,
                     "charts/rollout_fraction": t_rollout / elapsed,
-                    "charts/samples_per_s": n_envs * len(turns) / elapsed,
+                    "charts/samples_per_s": joint_samples / elapsed,
+                    "charts/responses_per_s": metrics["charts/responses"] / t_rollout,
                     "charts/learning_rate": config.learning_rate,
                 }
             )

@@ -82,3 +82,14 @@ def test_train_bad_flags(capsys):
     assert exit_info.value.code == 2 and "num_generations=1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "sac"])  # not a learner: argparse rejects the choice
+
+
+def test_iac_is_the_ppo_learner(capsys):
+    # IAC (the reference's name for independent actor-critic) runs baselines.ppo: its flags, its checks.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "iac", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "llm-envs train iac" in out and "--vf-coef" in out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "iac", "--vf-coef", "-1"])
+    assert exit_info.value.code == 2 and "vf_coef" in capsys.readouterr().err

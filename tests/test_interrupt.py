@@ -20,7 +20,10 @@ from baselines import cory, magrpo, ppo
 from baselines.common import find_checkpoint, read_metrics
 
 # Wall-clock metrics differ between any two runs.
-TIMING = ("charts/s_per_iteration", "charts/rollout_fraction", "charts/samples_per_s")
+TIMING = (
+    "charts/s_per_iteration", "charts/rollout_fraction", "charts/samples_per_s", "charts/responses_per_s",
+    "charts/expert_s",
+)
 
 
 def magrpo_config(model_dir: str, tmp_path, name: str, **overrides) -> magrpo.Config:

@@ -54,6 +54,9 @@ PROMPT_OVERFLOW = ("error", "truncate_left")
 STEP_UNITS = ("response", "token")
 OBS_FORMATS = ("dict", "flat")
 
+VISIBLE_RESPONSE = "\n\nResponse of {role}:\n"
+"""With a transition under the sequential protocol: the header before each earlier role's response."""
+
 # Placeholder used to splice token ids into chat-templated prompts: a private-use character no
 # tokenizer template emits, so splitting on it is unambiguous.
 _SPLICE = "\ue000"
@@ -73,6 +76,7 @@ ENV_KWARGS = (
     "step_unit",
     "obs_format",
     "stop_token_ids",
+    "transition",
 )
 """Keyword arguments that belong to the env; every other ``make`` kwarg goes to the task."""
 
@@ -121,6 +125,10 @@ class LLMEnvCore:
             every EOS id of a model's generation config (Llama 3 Instruct: ``<|eot_id|>``,
             ``<|eom_id|>``, ``<|end_of_text|>``). Pass the policy's ``eos_token_ids`` so that the env
             cuts a response exactly where the policy stopped generating it.
+        transition: what each agent sees on later turns (:mod:`llm_envs.transitions`): ``None`` for the
+            task's own feedback (default), a registered name (``"level-feedback"``, ``"plain"``), an
+            import path ``"module:function"`` or a callable object (``agents.ExpertTransition``). With
+            one, infos gain ``transition_s`` (seconds it took).
     """
 
     metadata: dict[str, Any]
@@ -141,6 +149,7 @@ class LLMEnvCore:
         step_unit: str = "response",
         obs_format: str = "dict",
         stop_token_ids: Sequence[int] | None = None,
+        transition: Any = None,
     ) -> None:
         if not isinstance(task, Task):
             raise TypeError(f"task must be a llm_envs Task, got {type(task).__name__}.")
@@ -173,6 +182,9 @@ class LLMEnvCore:
         if chat_template is not None and not isinstance(chat_template, bool):
             raise ValueError(f"chat_template must be True, False or None, got {chat_template!r}.")
 
+        from llm_envs import transitions
+
+        self.transition_name, self.transition = transitions.resolve(transition)
         self._tok = TokenizerHandle(tokenizer)
         tok = self._tok.tokenizer
         self.vocab_size = len(tok)
@@ -232,6 +244,7 @@ class LLMEnvCore:
             "response_tokens",
             "reward_total",
             *(f"reward_{c}" for c in task.reward_components),
+            *(("transition_s",) if self.transition is not None else ()),
         )
         self._started = False
         self._split = "train"
@@ -240,6 +253,7 @@ class LLMEnvCore:
         self._turn = 0
         self._history: list[TurnRecord] = []
         self._visible: dict[str, Response] = {}
+        self._prompt_history: dict[str, list[str]] = {a: [] for a in self.possible_agents}
         self._transcript: list[tuple[str, str, str]] = []
         self._obs_cache: dict[Any, tuple[np.ndarray, np.ndarray, int, int, str]] = {}
         self._episode_cache: dict[Any, tuple[np.ndarray, np.ndarray, int, int, str]] = {}
@@ -309,6 +323,7 @@ class LLMEnvCore:
         self._turn = 0
         self._history = []
         self._visible = {}
+        self._prompt_history = {a: [] for a in self.possible_agents}
         self._transcript = []
         self._episode_cache = {}
         self._clear_responses()
@@ -362,6 +377,56 @@ class LLMEnvCore:
                 ids.extend(responses[i].ids)
         return ids
 
+    def _task_prompt(self, role: str, context: Context) -> Prompt:
+        """The role's prompt: the task's, or on later turns the transition's (then, under the sequential
+        protocol, followed by the responses of the roles that acted before it in this turn)."""
+        if self.transition is None or not context.history:
+            return self.task.prompt(role, self._problem, context)
+        parts: list[str | Response] = [context.history[-1].next_prompts[role]]
+        for other, response in context.visible.items():
+            parts += [VISIBLE_RESPONSE.format(role=other), response]
+        return parts
+
+    def _acted_prompt_text(self, role: str) -> str:
+        """The text (before the chat template) of the prompt ``role`` acted on in the current turn."""
+        order = self.possible_agents
+        before = order[: order.index(role)]
+        context = Context(
+            turn=self._turn,
+            num_turns=self.num_turns,
+            history=tuple(self._history),
+            visible={r: v for r, v in self._visible.items() if r in before},
+        )
+        prompt = self._task_prompt(role, context)
+        parts = [prompt] if isinstance(prompt, str) else prompt
+        return "".join(p if isinstance(p, str) else p.text for p in parts)
+
+    def _next_prompts(self, outputs: Mapping[str, Response], acted: Mapping[str, str]) -> tuple[dict[str, str], float]:
+        """Call the transition after a turn: (next prompt per role, seconds it took)."""
+        import time
+
+        from llm_envs import transitions
+
+        roles = self.possible_agents
+        first = self._prompt_history[roles[0]][0] if self._prompt_history[roles[0]] else acted[roles[0]]
+        kwargs = dict(
+            prompt=transitions.problem_statement(self._problem, first),
+            agent_completions=[outputs[r].text for r in roles],
+            prompt_history_per_agent=[[*self._prompt_history[r], acted[r]] for r in roles],
+            response_history_per_agent=[[*(rec.outputs[r].text for rec in self._history), outputs[r].text]
+                                        for r in roles],
+        )
+        start = time.perf_counter()
+        try:
+            result = self.transition(**kwargs)  # type: ignore[misc]
+        except Exception as err:
+            raise RuntimeError(
+                f"transition {self.transition_name} raised {type(err).__name__}: {err} (env {self.env_id}, "
+                f"task_index {self._task_index}, after turn {self._turn})"
+            ) from err
+        prompts = transitions.check_result(self.transition_name, result, roles)
+        return dict(zip(roles, prompts)), time.perf_counter() - start
+
     def _observe_role(self, role: str) -> tuple[np.ndarray, np.ndarray, int, int, str]:
         """(ids, mask, n_prompt_tokens, truncated, prompt_text) of the role's current prompt."""
         cacheable = self._turn == 0 and not self._visible
@@ -374,7 +439,7 @@ class LLMEnvCore:
         episode_key = (role, self._turn, len(self._history), tuple(self._visible))
         if episode_key in self._episode_cache:
             return self._episode_cache[episode_key]
-        prompt = self.task.prompt(role, self._problem, self._context())
+        prompt = self._task_prompt(role, self._context())
         ids = self._prompt_ids(prompt)
         L = self.max_prompt_tokens
         truncated = 0
@@ -573,10 +638,21 @@ class LLMEnvCore:
         agent_rewards = self.task.agent_rewards(self._problem, texts, total, components)
         # A truncated episode still gets its next prompt (a learner may bootstrap from it).
         has_next = self._turn + 1 < self.num_turns
+        next_prompts: dict[str, str] = {}
+        transition_s = 0.0
+        acted: dict[str, str] = {}
+        if self.transition is not None:
+            acted = {role: self._acted_prompt_text(role) for role in self.possible_agents}
+            if has_next:
+                next_prompts, transition_s = self._next_prompts(outputs, acted)
         feedback = (
-            self.task.feedback(self._problem, texts, total, components) if has_next else {}
+            self.task.feedback(self._problem, texts, total, components)
+            if has_next and self.transition is None
+            else {}
         )
         record = TurnRecord(
+            next_prompts=next_prompts,
+            transition_s=transition_s,
             outputs=dict(outputs),
             reward=total,
             components={c: float(components[c]) for c in self.task.reward_components},
@@ -589,6 +665,8 @@ class LLMEnvCore:
         self._transcript.append(("reward", "", f"{total:.3f} ({parts})"))
         for role, text in record.feedback.items():
             self._transcript.append(("feedback", role, text))
+        for role, text in acted.items():
+            self._prompt_history[role].append(text)
         self._history.append(record)
         self._turn += 1
         self._visible = {}
@@ -620,6 +698,8 @@ class LLMEnvCore:
         }
         for c in self.task.reward_components:
             info[f"reward_{c}"] = float(record.components[c]) if record is not None else 0.0
+        if self.transition is not None:
+            info["transition_s"] = float(record.transition_s) if record is not None else 0.0
         return info
 
     def _log_prompts(self, roles: Sequence[str]) -> None:

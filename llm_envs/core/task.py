@@ -57,6 +57,10 @@ class TurnRecord:
     components: Mapping[str, float]
     agent_rewards: Mapping[str, float]
     feedback: Mapping[str, str]
+    next_prompts: Mapping[str, str] = field(default_factory=dict)
+    """With a ``transition`` (llm_envs.transitions): each role's next prompt, from the transition."""
+    transition_s: float = 0.0
+    """Seconds the transition took to write the next prompts (0 without one)."""
 
 
 @dataclass(frozen=True)

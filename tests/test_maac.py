@@ -1,0 +1,78 @@
+"""MAAC (baselines/maac.py): the critic's input, the value loss, and a smoke run that trains the actors
+and the critic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from baselines import maac
+from baselines.maac import Config, critic_inputs, value_loss, whiten
+
+
+def contains(row: list[int], part: list[int]) -> bool:
+    return any(row[i : i + len(part)] == part for i in range(len(row) - len(part) + 1))
+
+
+def test_critic_input_holds_every_agents_prompt_and_response():
+    pad = 0
+    prompts = {
+        "a": (torch.tensor([[0, 0, 11, 12], [0, 13, 14, 15]]), torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])),
+        "b": (torch.tensor([[21, 22], [23, 24]]), torch.tensor([[1, 1], [1, 1]])),
+    }
+    responses = {
+        "a": (torch.tensor([[31, 0], [32, 33]]), torch.tensor([[1, 0], [1, 1]])),
+        "b": (torch.tensor([[41, 42, 0], [43, 0, 0]]), torch.tensor([[1, 1, 0], [1, 0, 0]])),
+    }
+    ids, mask = critic_inputs(prompts, responses, ["a", "b"], pad)
+    # Row 0: a's prompt, a's response, b's prompt, b's response; pads of every part dropped, left-padded.
+    assert ids[0][mask[0].bool()].tolist() == [11, 12, 31, 21, 22, 41, 42]
+    assert ids[1].tolist() == [13, 14, 15, 32, 33, 23, 24, 43] and mask[1].all()
+    for row in range(2):
+        kept = ids[row][mask[row].bool()].tolist()
+        for agent in ("a", "b"):
+            r_ids, r_mask = responses[agent]
+            assert contains(kept, r_ids[row][r_mask[row].bool()].tolist())
+
+
+def test_value_loss_and_whiten_by_hand():
+    returns, old = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0])
+    # V = [2, 0.1]: unclipped squares 1, 0.01; clipped V = [0.5, 0.1]: squares 0.25, 0.01; max -> 1, 0.01.
+    assert value_loss(torch.tensor([2.0, 0.1]), old, returns, 0.5).item() == pytest.approx(0.5 * (1 + 0.01) / 2)
+    # Clipping keeps the larger loss: V = -1 for R = 1 -> (V - R)^2 = 4 either way.
+    assert value_loss(torch.tensor([-1.0]), torch.tensor([0.0]), torch.tensor([1.0]), 0.5).item() == pytest.approx(2.0)
+    w = whiten(torch.tensor([[1.0, 3.0]]))
+    assert w.mean().item() == pytest.approx(0.0) and w.std().item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("field", "value"), [("clip_value", -1.0), ("num_epochs", 0), ("loss_aggregation", "max")])
+def test_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        Config(**{field: value})
+
+
+@pytest.mark.slow
+def test_smoke_changes_actors_and_critic(tiny_model_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from baselines.common import find_checkpoint, read_metrics
+
+    config = Config(model=tiny_model_dir, max_source_words=20, num_iterations=2, num_problems=1, num_generations=2,
+                    max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-2,
+                    critic_learning_rate=1e-2, lora_rank=4, lora_alpha=8.0, num_eval_problems=1,
+                    output_dir=str(tmp_path), run_name="run", tensorboard=False, progress=False)
+    result = maac.main(config)
+    numbers = {k: v for k, v in result.items() if isinstance(v, float)}
+    assert all(math.isfinite(v) for v in numbers.values()), numbers
+    for key in ("losses/value_loss", "losses/pg_loss", "charts/critic_value", "eval/total", "eval_before/total"):
+        assert key in result, key
+    policy_dir = find_checkpoint(config.run_dir()) / "policy"
+    for name in ("brief", "detailed", "critic"):
+        adapter = load_file(str(policy_dir / f"{name}.adapter.safetensors"))
+        assert sum(float(v.abs().sum()) for k, v in adapter.items() if "lora_B" in k) > 0, name
+    # The critic's adapter gets gradients only from the value loss: a non-zero lora_B means the critic trained.
+    assert "critic.value_head.safetensors" in {f.name for f in policy_dir.iterdir()}
+    rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "losses/value_loss" in r]
+    assert len(rows) == 2

@@ -1,0 +1,245 @@
+"""Tree rollouts, cross joint sampling, early termination and AT-GRPO grouping (baselines/tree.py),
+checked against values worked out by hand on a scripted two-agent env.
+
+The scripted policy answers sample g of prompt row b at its k-th call (tree level k) with the word
+``<agent><k><b><g>``; the env's reward is a table over the joint words, so every node's rewards are
+known in advance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from agents import Generation
+from baselines.tree import (
+    count_responses,
+    fill_returns,
+    joint_indices,
+    node_returns,
+    rollout_tree,
+    sample_credit,
+    tree_advantages,
+)
+from llm_envs.core.parallel import ParallelLLMEnv
+from llm_envs.core.task import TemplateTask
+from llm_envs.tokenizers import load_tokenizer
+
+
+class ScriptedPolicy:
+    """``generate_joint`` with fixed answers: sample g of row b at call k is the word ``<agent><k><b><g>``."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok = tokenizer
+        self.pad_token_id = tokenizer.pad_token_id
+        self.calls: list[dict[str, int]] = []
+        self.prompts: list[dict[str, list[str]]] = []
+        """Per call: each agent's prompt rows as text."""
+
+    def generate_joint(self, prompts, num_samples, **sampling):
+        level = len(self.calls)
+        self.calls.append({a: len(ids) for a, (ids, _) in prompts.items()})
+        self.prompts.append({a: [self.tok.decode(row[m.bool()]) for row, m in zip(ids, mask)]
+                             for a, (ids, mask) in prompts.items()})
+        out = {}
+        for agent, (ids, mask) in prompts.items():
+            words = [f"{agent}{level}{b}{g}" for b in range(len(ids)) for g in range(num_samples)]
+            encoded = [self.tok(w, add_special_tokens=False)["input_ids"] for w in words]
+            width = max(len(e) for e in encoded) + 1
+            response = torch.full((len(words), width), self.pad_token_id)
+            response_mask = torch.zeros(len(words), width, dtype=torch.long)
+            for i, e in enumerate(encoded):
+                response[i, : len(e)] = torch.tensor(e)
+                response[i, len(e)] = self.tok.eos_token_id
+                response_mask[i, : len(e) + 1] = 1
+            out[agent] = Generation(
+                agent=agent,
+                num_samples=num_samples,
+                prompt_ids=ids.repeat_interleave(num_samples, 0),
+                prompt_mask=mask.repeat_interleave(num_samples, 0),
+                response_ids=response,
+                response_mask=response_mask,
+                logprobs=torch.zeros(len(words), width),
+            )
+        return out
+
+
+# Joint rewards by (x word, y word); anything else scores 0.
+TABLE = {
+    ("x000", "y000"): 1.0, ("x001", "y001"): 3.0,  # root (turn 0)
+    ("x100", "y100"): 2.0, ("x101", "y101"): 4.0,  # child of root joint 0
+    ("x110", "y110"): 0.0, ("x111", "y111"): 2.0,  # child of root joint 1
+    ("x200", "y200"): 5.0, ("x201", "y201"): 1.0,  # turn 2, the only expanded turn-1 node's children
+    ("x210", "y210"): 1.0, ("x211", "y211"): 1.0,
+}
+CROSS = {("x000", "y000"): 1.0, ("x000", "y001"): 2.0, ("x001", "y000"): 3.0, ("x001", "y001"): 10.0}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+def scripted_env(tokenizer, table, num_turns, **env_kwargs):
+    task = TemplateTask(
+        roles=("x", "y"),
+        problems=[{"q": "one"}],
+        prompts={"x": "Say a word about {q}.", "y": "Say another word about {q}."},
+        reward=lambda problem, outputs: table.get((outputs["x"].strip(), outputs["y"].strip()), 0.0),
+    )
+    return ParallelLLMEnv(
+        task, tokenizer=tokenizer, num_turns=num_turns, max_new_tokens=8, max_prompt_tokens=512, **env_kwargs
+    )
+
+
+def expand(tokenizer, table, num_turns, mode="aligned", threshold=None, gamma=0.5, **env_kwargs):
+    policy = ScriptedPolicy(tokenizer)
+    levels = rollout_tree(
+        policy,
+        scripted_env(tokenizer, table, num_turns, **env_kwargs),
+        [0],
+        [{"task_index": 0}],
+        num_generations=2,
+        joint_mode=mode,
+        termination_threshold=threshold,
+        sampling={"max_new_tokens": 8},
+    )
+    fill_returns(levels, gamma)
+    return policy, levels
+
+
+def test_two_agent_two_turn_tree_by_hand(tokenizer):
+    policy, levels = expand(tokenizer, TABLE, num_turns=2)
+    # One root with G=2 joint actions, each branching into a child: 3 nodes, 2 + 4 responses per agent.
+    assert [len(level.nodes) for level in levels] == [1, 2]
+    assert policy.calls == [{"x": 1, "y": 1}, {"x": 2, "y": 2}]  # one batched call per level
+    assert count_responses(levels) == 2 * (2 + 4)
+    root, (a, b) = levels[0].nodes[0], levels[1].nodes
+    np.testing.assert_allclose(root.rewards["x"], [1.0, 3.0])
+    np.testing.assert_allclose(a.rewards["x"], [2.0, 4.0])
+    np.testing.assert_allclose(b.rewards["y"], [0.0, 2.0])
+    # Leaves: R = r. Root: R_0 = 1 + 0.5 * mean(2, 4) = 2.5, R_1 = 3 + 0.5 * mean(0, 2) = 3.5.
+    np.testing.assert_allclose(root.returns["x"], [2.5, 3.5])
+    np.testing.assert_allclose(a.returns["y"], [2.0, 4.0])
+    # Each node is its own group (agent-turn): root [-0.5, 0.5]; children [-1, 1] each.
+    for agent in ("x", "y"):
+        adv = tree_advantages(levels, agent, 2, grouping="agent-turn")
+        torch.testing.assert_close(adv[0], torch.tensor([-0.5, 0.5]))
+        torch.testing.assert_close(adv[1], torch.tensor([-1.0, 1.0, -1.0, 1.0]))
+    # problem-turn: the whole level is one group: returns 2, 4, 0, 2 around their mean 2.
+    adv = tree_advantages(levels, "x", 2, grouping="problem-turn")
+    torch.testing.assert_close(adv[1], torch.tensor([0.0, 2.0, -2.0, 0.0]))
+    # The children's prompts hold their parent's joint action (the env's feedback path).
+    assert "x000" in a.env.text("x") and "x001" in b.env.text("x")
+
+
+def test_cross_mode_credit_on_a_2x2_table(tokenizer):
+    # Hand-made table r[x_g][y_g] = [[1, 2], [3, 10]]: x0 takes part in 1 + 2, x1 in 3 + 10;
+    # y0 in 1 + 3, y1 in 2 + 10.
+    credit = sample_credit(np.array([1.0, 2.0, 3.0, 10.0]), joint_indices(2, 2, "cross"), 2)
+    np.testing.assert_allclose(credit, [[3.0, 13.0], [4.0, 12.0]])
+    _, levels = expand(tokenizer, CROSS, num_turns=1, mode="cross")
+    root = levels[0].nodes[0]
+    assert root.combos == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    np.testing.assert_allclose(root.rewards["x"], [1.0, 2.0, 3.0, 10.0])
+    torch.testing.assert_close(tree_advantages(levels, "x", 2)[0], torch.tensor([-5.0, 5.0]))
+    torch.testing.assert_close(tree_advantages(levels, "y", 2)[0], torch.tensor([-4.0, 4.0]))
+
+
+def test_cross_tree_branches_every_joint_action(tokenizer):
+    policy, levels = expand(tokenizer, CROSS, num_turns=2, mode="cross")
+    # G^N = 4 joint actions at the root, each with its own child of 4 more: 1 + 4 nodes.
+    assert [len(level.nodes) for level in levels] == [1, 4]
+    assert count_responses(levels) == 2 * (2 + 4 * 2)
+    root = levels[0].nodes[0]
+    # Children's joint rewards are all 0 (the table has no level-1 words): R = r.
+    np.testing.assert_allclose(root.returns["x"], root.rewards["x"])
+
+
+def test_early_termination_prunes_a_branch(tokenizer):
+    # Three turns, threshold 2.5: the root (mean 2) expands; child A (mean 3) stops; child B (mean 1)
+    # expands into two turn-2 nodes.
+    policy, levels = expand(tokenizer, TABLE, num_turns=3, threshold=2.5)
+    assert [len(level.nodes) for level in levels] == [1, 2, 2]
+    a, b = levels[1].nodes
+    assert a.terminated and not a.children and not b.terminated and len(b.children) == 2
+    c, d = levels[2].nodes  # call 2 sees rows 0, 1 = B's children
+    np.testing.assert_allclose(c.returns["x"], [5.0, 1.0])
+    np.testing.assert_allclose(d.returns["x"], [1.0, 1.0])
+    # B: R = r + 0.5 * mean(child): [0 + 0.5 * 3, 2 + 0.5 * 1]; A is a leaf: R = r = [2, 4].
+    np.testing.assert_allclose(b.returns["x"], [1.5, 2.5])
+    np.testing.assert_allclose(a.returns["x"], [2.0, 4.0])
+    root = levels[0].nodes[0]
+    np.testing.assert_allclose(root.returns["x"], [1.0 + 0.5 * 3.0, 3.0 + 0.5 * 2.0])
+    # Without the threshold the same tree has 1 + 2 + 4 nodes.
+    _, full = expand(tokenizer, TABLE, num_turns=3)
+    assert [len(level.nodes) for level in full] == [1, 2, 4]
+    # A threshold below every node mean stops at the root.
+    _, stopped = expand(tokenizer, TABLE, num_turns=3, threshold=-1.0)
+    assert [len(level.nodes) for level in stopped] == [1]
+    np.testing.assert_allclose(stopped[0].nodes[0].returns["x"], [1.0, 3.0])
+
+
+def test_node_returns_and_joint_indices_errors():
+    np.testing.assert_allclose(node_returns(np.array([1.0, 2.0]), [np.array([2.0]), np.array([0.0, 4.0])], 0.5),
+                               [2.0, 3.0])
+    with pytest.raises(ValueError, match="3 children for 2"):
+        node_returns(np.array([1.0, 2.0]), [np.zeros(1)] * 3, 0.5)
+    with pytest.raises(ValueError, match="'diagonal'"):
+        joint_indices(2, 2, "diagonal")  # type: ignore[arg-type]
+    assert len(joint_indices(3, 2, "cross")) == 8 and joint_indices(3, 2, "aligned") == [(0, 0, 0), (1, 1, 1)]
+
+
+# ----------------------------------------------------------------------------------------- learner
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(rollout="bush"), "'bush'"),
+        (dict(joint_mode="crossed"), "'crossed'"),
+        (dict(grouping="agent"), "'agent'"),
+        (dict(termination_threshold=float("nan")), "nan"),
+        (dict(num_turns=2, joint_mode="cross"), "rollout='tree'"),
+        (dict(num_turns=2, grouping="agent-turn"), "rollout='tree'"),
+        (dict(num_turns=2, termination_threshold=0.5), "rollout='tree'"),
+    ],
+)
+def test_config_rejects_bad_tree_settings(overrides, message):
+    from baselines.magrpo import Config
+
+    with pytest.raises(ValueError, match=message):
+        Config(**overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(rollout="tree", num_turns=2, termination_threshold=10.0, transition="plain"),
+        dict(rollout="tree", num_turns=2, joint_mode="cross", grouping="problem-turn", transition="expert"),
+    ],
+    ids=["tree-plain", "cross-tree-expert"],
+)
+def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides):
+    import math
+
+    from test_magrpo import adapter_state, tiny_config
+
+    from baselines import magrpo
+    from baselines.common import read_metrics
+
+    if overrides.get("transition") == "expert":
+        overrides = {**overrides, "expert_model": tiny_model_dir, "expert_max_new_tokens": 4}
+    config = tiny_config(tiny_model_dir, tmp_path, num_problems=1, **overrides)
+    result = magrpo.main(config)
+    if config.transition == "expert":
+        assert result["charts/expert_tokens"] > 0 and result["charts/expert_s"] > 0
+    numbers = {k: v for k, v in result.items() if isinstance(v, float)}
+    assert all(math.isfinite(v) for v in numbers.values()), numbers
+    rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "charts/responses" in r]
+    # One problem, G=2, 2 agents: aligned 2 * (2 + 4) responses; cross 2 * (2 + 4 * 2).
+    expected = 12.0 if overrides.get("joint_mode") != "cross" else 20.0
+    assert [r["charts/responses"] for r in rows] == [expected, expected]
+    assert rows[0]["charts/turn_1_nodes"] == (2.0 if expected == 12.0 else 4.0)
+    for agent, state in adapter_state(config.run_dir()).items():
+        assert sum(float(v.abs().sum()) for k, v in state.items() if "lora_B" in k) > 0, agent
