@@ -555,6 +555,7 @@ def update_agent(
                 for c in chunks(gen)
             ]))
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
+    first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros(())
@@ -569,8 +570,14 @@ def update_agent(
                 )
                 mask = gen.response_mask[c]
                 # On the first epoch the sampling policy is the current one: the plain policy gradient
-                # (ratio 1) is exact; later epochs need the ratio to the sampling-time log-probs.
-                old = gen.logprobs[c].to(logprobs.device) if epoch > 0 else None
+                # (ratio 1) is exact; later epochs need the ratio to the sampling-time policy, whose
+                # log-probs are the first epoch's own (the same forward; the decode-time log-probs
+                # differ from it by rounding in bf16, ~0.03 nats a token).
+                if epoch == 0:
+                    first_epoch[(t, c.start)] = logprobs.detach()
+                    old = None
+                else:
+                    old = first_epoch[(t, c.start)]
                 adv = advantages[c, t].to(logprobs.device)
                 pg = policy_gradient_loss(
                     logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
