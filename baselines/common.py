@@ -486,6 +486,15 @@ class SequentialVectorEnv:
         self.possible_agents = list(first.possible_agents)
         self.agents: list[str] = []
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of the batch's envs (read-only; every copy shares the first env's)."""
+        return self.envs[0].tokenizer
+
+    def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """``obs_format="flat"``: cut stacked flat observations (N, D) into their parts."""
+        return self.envs[0].split_flat(flat)
+
     def reset(
         self, seed: int | Sequence[int] | None = None, options: Mapping[str, Any] | Sequence[Any] | None = None
     ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, dict[str, np.ndarray]]]:
