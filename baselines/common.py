@@ -8,6 +8,8 @@ rollout helpers and evaluation on the eval split.
                            temporary directory and moved into place with ``os.replace``; ``latest``
                            names the newest complete one
 ``load_checkpoint``        reads and checks everything (format, config, files) before changing state
+``resume_checkpoint``      ``--resume``: the newest checkpoint that loads (a damaged one is skipped with
+                           a warning)
 ``plot_metrics``           PNG learning curves per reward component from a metrics JSONL
 ``strip_left_padding``     drops the columns that are padding in every row (prompts are left-padded
                            to the env's L = 2048 but are ~450 tokens: a big saving on CPU)
@@ -219,6 +221,14 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt or does not fit the run that tries to load it."""
 
 
+class CheckpointMismatchError(CheckpointError):
+    """An intact checkpoint of another learner or config: no older checkpoint of the run would fit either."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """``--resume`` skipped a damaged checkpoint and continues from an older one."""
+
+
 def _jsonable(config: Any) -> Any:
     return asdict(config) if is_dataclass(config) else dict(config)
 
@@ -326,7 +336,7 @@ def load_checkpoint(
     if not isinstance(trainer, dict) or trainer.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{trainer_path} is not a {CHECKPOINT_FORMAT} checkpoint: {str(trainer)[:200]!r}")
     if trainer.get("learner") != learner:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {str(directory)!r} was written by {trainer.get('learner')!r}, not {learner!r}"
         )
     ours, theirs = _jsonable(config), trainer.get("config", {})
@@ -338,7 +348,7 @@ def load_checkpoint(
     }
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise CheckpointError(f"checkpoint {str(directory)!r} was made with a different config ({listed})")
+        raise CheckpointMismatchError(f"checkpoint {str(directory)!r} was made with a different config ({listed})")
     tensors = {}
     for name in ("optimizers.pt", "rng.pt"):
         file = directory / name
@@ -347,7 +357,8 @@ def load_checkpoint(
         except FileNotFoundError as err:
             raise CheckpointError(f"checkpoint file {file} is missing") from err
         except Exception as err:  # torch.load raises many types for a damaged zip/pickle
-            raise CheckpointError(f"corrupt checkpoint file {file}: {type(err).__name__}: {err}") from err
+            # The message of torch's unpickling errors is a page of advice; the cause stays chained.
+            raise CheckpointError(f"corrupt checkpoint file {file}: torch.load raised {type(err).__name__}") from err
     saved_opts = tensors["optimizers.pt"]
     if not isinstance(saved_opts, dict) or set(saved_opts) != set(optimizers):
         held = sorted(saved_opts) if isinstance(saved_opts, dict) else type(saved_opts).__name__
@@ -376,11 +387,59 @@ def load_checkpoint(
     return trainer
 
 
+def resume_candidates(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint directories ``--resume`` may continue from, newest step first (at least one, or
+    :class:`CheckpointError`)."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for path in root.glob("step_*") if root.is_dir() else ():
+        step = path.name[len("step_") :]
+        if path.is_dir() and step.isdigit():
+            found.append((int(step), path))
+    if not found:
+        raise CheckpointError(
+            f"no checkpoint found in {str(root)!r}: nothing to resume (leave out --resume to start a new run)"
+        )
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resume_checkpoint(run_dir: str | os.PathLike[str], **load_kwargs: Any) -> dict[str, Any]:
+    """``--resume``: :func:`load_checkpoint` from the newest checkpoint of ``run_dir`` that loads. A
+    damaged one (missing or corrupt files) is skipped with a :class:`CheckpointFallbackWarning` naming
+    it and the one used instead; a checkpoint of another learner or config stops the run
+    (:class:`CheckpointMismatchError`), as does having no checkpoint that loads."""
+    candidates = resume_candidates(run_dir)
+    failures: list[tuple[Path, CheckpointError]] = []
+    for directory in candidates:
+        try:
+            trainer = load_checkpoint(directory, **load_kwargs)
+        except CheckpointMismatchError:
+            raise
+        except CheckpointError as err:
+            failures.append((directory, err))
+            continue
+        if failures:
+            import warnings
+
+            skipped = "; ".join(f"{path.name}: {err}" for path, err in failures)
+            warnings.warn(
+                f"resuming from {directory.name} (step {trainer['step']}), the newest checkpoint that loads; "
+                f"skipped damaged {skipped}",
+                CheckpointFallbackWarning,
+                stacklevel=2,
+            )
+        return trainer
+    if len(failures) == 1:
+        raise failures[0][1]
+    listed = "; ".join(f"{path.name}: {err}" for path, err in failures)
+    raise CheckpointError(f"no checkpoint of {str(Path(run_dir))!r} loads: {listed}")
+
+
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool | None = None) -> None:
     """Before loading a model: a resumed run needs a checkpoint; a new run must not write over one
     (unless ``overwrite`` is True; ``None``: the learner has no --overwrite option)."""
     if resume:
-        find_checkpoint(run_dir)
+        resume_candidates(run_dir)
     elif (run_dir / "checkpoints").exists() and not overwrite:
         hint = ", or --overwrite to start afresh" if overwrite is not None else ""
         raise FileExistsError(

@@ -522,8 +522,8 @@ def main(config: Config) -> dict[str, float]:
         MetricLogger,
         check_run_dir,
         evaluate,
-        load_checkpoint,
         plot_metrics,
+        resume_checkpoint,
         save_checkpoint,
         seed_everything,
     )
@@ -572,7 +572,7 @@ def main(config: Config) -> dict[str, float]:
     start = 0
     extra: dict[str, Any] = {}
     if config.resume:
-        trainer = load_checkpoint(
+        trainer = resume_checkpoint(
             run_dir,
             learner=LEARNER,
             config=config,

@@ -575,10 +575,10 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         MetricLogger,
         check_run_dir,
         evaluate,
-        load_checkpoint,
         make_vector_env,
         play_episodes,
         plot_metrics,
+        resume_checkpoint,
         save_checkpoint,
         seed_everything,
     )
@@ -625,7 +625,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
 
     start, extra = 0, {}
     if config.resume:
-        trainer = load_checkpoint(
+        trainer = resume_checkpoint(
             run_dir,
             learner=learner,
             config=config,
