@@ -119,10 +119,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         with contextlib.redirect_stderr(captured):
             config = tyro.cli(learner.Config, args=rest, default=default, prog=prog, description=description)
     except SystemExit as exit_:
-        if not exit_.code:  # --help
-            return 0
-        print(f"{prog}: error: {tyro_error_line(captured.getvalue())} (see {prog} --help)", file=sys.stderr)
-        return 2
+        if exit_.code:  # not --help: tyro's boxed message as one line, exit status 2 as argparse's errors
+            print(f"{prog}: error: {tyro_error_line(captured.getvalue())} (see {prog} --help)", file=sys.stderr)
+        raise
     try:
         result = learner.main(config)
     except KeyboardInterrupt:

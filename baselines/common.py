@@ -185,6 +185,19 @@ class MetricLogger:
         if self._wandb is not None:
             self._wandb.log(values, step=step)
 
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """Markdown text to TensorBoard's text plugin (when TensorBoard is on); the JSONL holds numbers only."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+            self._tb.flush()
+
+    def log_table(self, step: int, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """A table to W&B (when W&B is on)."""
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({key: wandb.Table(columns=list(columns), data=[list(r) for r in rows])}, step=step)
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
@@ -700,6 +713,7 @@ def evaluate(
     split: str = "eval",
     env_kwargs: Mapping[str, Any] | None = None,
     adapters: Mapping[str, str] | None = None,
+    episodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Roll the policy on the first ``num_problems`` problems of ``split``, ``num_samples`` episodes
     each, through the env (one batch of problems x samples; sequential envs role by role). Returns
@@ -707,7 +721,10 @@ def evaluate(
     turns) and, when a component says whether a sample solved its problem (``tests`` on coding envs,
     ``correct`` on math envs), ``eval/pass@k`` for each k <= num_samples (``eval/pass@k_<role>`` for
     ``correct_<role>``). ``adapters`` maps env roles to the policy's adapters (default: same names).
-    Torch's RNG is forked so that evaluating never changes what training samples next."""
+    Torch's RNG is forked so that evaluating never changes what training samples next.
+
+    ``episodes``: a list to extend with one transcript record per episode (prompts, responses,
+    reward and components; :func:`baselines.samples.episode_records`)."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     venv = make_vector_env(env_id, num_problems * num_samples, **kwargs)
@@ -742,6 +759,11 @@ def evaluate(
     for c in components:
         out[f"eval/{c}"] = float(np.mean(info[f"reward_{c}"]))
     out.update(pass_metrics(info, components, num_problems, num_samples, ks))
+    if episodes is not None:
+        from baselines.samples import episode_records
+
+        seeds = [seed + i for i in range(len(options))]
+        episodes.extend(episode_records(venv.envs, seeds=seeds, options=options, models=adapters))
     venv.close()
     return out
 

@@ -103,6 +103,9 @@ class Config:
     """Eval-split problems per evaluation (0 disables evaluation)."""
     eval_greedy: bool = True
     """Greedy decoding at evaluation (else the training sampling settings)."""
+    samples_every: int = 10
+    """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
+    (0: none); every evaluation writes all its episodes there."""
 
     output_dir: str = "runs"
     """Where run directories go."""
@@ -149,7 +152,9 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size"):
+        nonnegative = ("eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size",
+                       "samples_every")
+        for name in nonnegative:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -223,6 +228,7 @@ RESUMABLE_FIELDS = (
     "wandb_project",
     "checkpoint_every",
     "eval_every",
+    "samples_every",
     "device",
     "threads",
     "output_dir",
@@ -527,6 +533,7 @@ def main(config: Config) -> dict[str, float]:
         save_checkpoint,
         seed_everything,
     )
+    from baselines.samples import SampleWriter
     from llm_envs.core.vector import VectorEnv
 
     if config.threads is not None:
@@ -594,16 +601,22 @@ def main(config: Config) -> dict[str, float]:
             resume_step=start if config.resume else None,
         )
 
+    samples = None
+    if main_rank:
+        samples = SampleWriter(run_dir, logger=logger, resume_step=start if config.resume else None,
+                               train_every=config.samples_every, num_iterations=config.num_iterations)
+
     def log(step: int, values: dict[str, float]) -> None:
         if logger is not None:
             logger.log(step, values)
 
-    def run_eval() -> dict[str, float]:
+    def run_eval(step: int) -> dict[str, float]:
         if config.num_eval_problems == 0:
             return {}
         if not main_rank:  # the replicas are identical: rank 0 evaluates, the others wait for it
             distributed.barrier()
             return {}
+        episodes: list[dict[str, Any]] = []
         result = evaluate(
             policy,
             config.env,
@@ -615,7 +628,9 @@ def main(config: Config) -> dict[str, float]:
             greedy=config.eval_greedy,
             seed=config.seed,
             env_kwargs=config.env_kwargs(),
+            episodes=episodes,
         )
+        samples.write_eval(step, episodes)
         distributed.barrier()
         return result
 
@@ -639,7 +654,7 @@ def main(config: Config) -> dict[str, float]:
         return path
 
     if "eval_before" not in extra:
-        before = run_eval()
+        before = run_eval(start)
         if main_rank:
             extra["eval_before"] = before
         if before:
@@ -708,8 +723,10 @@ def main(config: Config) -> dict[str, float]:
                     "charts/learning_rate": config.learning_rate,
                 }
             )
+            if samples is not None:
+                samples.write_train(step, venv.envs, seeds=seeds, options=options)
             if config.eval_every and step % config.eval_every == 0 and step < config.num_iterations:
-                metrics.update(run_eval())
+                metrics.update(run_eval(step))
             log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
             if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
@@ -725,7 +742,7 @@ def main(config: Config) -> dict[str, float]:
         raise
     bar.close()
 
-    final_eval = run_eval()
+    final_eval = run_eval(step)
     if final_eval:
         log(step, final_eval)
     checkpoint(step)

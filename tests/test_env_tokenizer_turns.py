@@ -82,7 +82,7 @@ def test_transcript_turns_parallel_multi_turn():
     env.reset(seed=1)
     assert env.transcript_turns() == [
         {"prompts": {a: env.text(a) for a in env.possible_agents}, "responses": {}, "reward": None,
-         "components": {}, "feedback": {}}
+         "components": {}, "agent_rewards": {}, "feedback": {}}
     ]
     seen = []
     for answers in (("One line.", "A longer line, moreover."), ("Second go.", "Second, longer go; however.")):
@@ -97,6 +97,7 @@ def test_transcript_turns_parallel_multi_turn():
         assert turn["reward"] == rewards["brief"] == infos["brief"]["reward_total"]
         assert turn["components"] == {c: infos["brief"][f"reward_{c}"] for c in env.task.reward_components}
         assert turn["feedback"] == dict(record.feedback)
+        assert turn["agent_rewards"] == dict.fromkeys(env.possible_agents, turn["reward"])
     assert turns[0]["feedback"] and not turns[1]["feedback"]  # feedback only when another turn follows
     assert turns[1]["prompts"] != turns[0]["prompts"]
 
@@ -111,4 +112,5 @@ def test_transcript_turns_sequential_observer_sees_pioneer():
     assert turn["prompts"]["observer"] == observer_prompt and "It was wonderful." in observer_prompt
     assert turn["responses"] == {"pioneer": "It was wonderful.", "observer": "Truly great."}
     assert turn["reward"] == pytest.approx(env.history[0].reward)
+    assert turn["agent_rewards"] == env.history[0].agent_rewards
     assert np.isfinite(turn["reward"])

@@ -626,9 +626,9 @@ class LLMEnvCore:
 
     def transcript_turns(self) -> list[dict[str, Any]]:
         """The episode so far as data, one dict per turn (what :meth:`transcript` prints): ``prompts``
-        ({role: prompt text as tokenized}), ``responses`` ({role: text}), ``reward``, ``components``
-        and ``feedback`` ({role: text}). A turn still in progress has its prompts so far, empty
-        responses and feedback, and ``reward`` None."""
+        ({role: prompt text as tokenized}), ``responses`` ({role: text}), ``reward`` (the joint one),
+        ``components``, ``agent_rewards`` ({role: reward}) and ``feedback`` ({role: text}). A turn still
+        in progress has its prompts so far, ``reward`` None and the rest empty."""
         turns: list[dict[str, Any]] = []
         prompts: dict[str, str] = {}
         for kind, role, text in self._transcript:
@@ -642,12 +642,16 @@ class LLMEnvCore:
                         "responses": {r: record.outputs[r].text for r in self.possible_agents},
                         "reward": record.reward,
                         "components": dict(record.components),
+                        "agent_rewards": dict(record.agent_rewards),
                         "feedback": dict(record.feedback),
                     }
                 )
                 prompts = {}
         if prompts:
-            turns.append({"prompts": prompts, "responses": {}, "reward": None, "components": {}, "feedback": {}})
+            turns.append(
+                {"prompts": prompts, "responses": {}, "reward": None, "components": {}, "agent_rewards": {},
+                 "feedback": {}}
+            )
         return turns
 
     def render(self) -> str | None:
