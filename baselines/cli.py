@@ -127,6 +127,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     print(learner.summary(result))
+    from baselines import distributed
+
+    if distributed.rank() == 0:
+        from baselines.report import write_report
+
+        print(f"report: {write_report(result['run_dir'])}")
     return 0
 
 
@@ -246,6 +252,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from baselines.report import write_report
+
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="llm-envs", description=__doc__.split("\n")[0])
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
@@ -287,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="PNG path (default: learning_curves.png next to the JSONL)")
     p.add_argument("--smoothing", type=int, default=5, help="moving-average window (default: %(default)s)")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a run: config, curves, eval, transcripts")
+    p.add_argument("run_dir", help="run directory (holds metrics.jsonl and samples.jsonl)")
+    p.add_argument("--output", default=None, help="HTML path (default: report.html in the run directory)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 

@@ -66,6 +66,7 @@ def test_train_magrpo_then_eval(tiny_model_dir, tmp_path, capsys):
     assert "before" in out and "after" in out and "plot:" in out
     run_dir = tmp_path / "cli"
     assert (run_dir / "learning_curves.png").is_file() and (run_dir / "checkpoints" / "latest").is_file()
+    assert f"report: {run_dir / 'report.html'}" in out and (run_dir / "report.html").is_file()
 
     assert main(["eval", "--checkpoint", str(run_dir), "--num-problems", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
