@@ -2,8 +2,8 @@
 run loads with no console error, no exception and no request beyond the file itself, and shows the
 transcripts; the harness itself catches each of those on a page that has them.
 
-The demo run is the README's ``--preset demo`` cut to 1 iteration and 2 eval problems (about a minute
-on 2 CPU cores). To picture a real demo instead (docs/figures/report.png is made this way, after
+The demo run is the README's ``--preset demo`` cut to 1 iteration of 2 x 2 samples of 32 tokens and 2
+eval problems (about a minute on 2 idle CPU cores; several when they are shared). To picture a real demo instead (docs/figures/report.png is made this way, after
 ``make demo``)::
 
     REPORT_RUN_DIR=runs/demo REPORT_SCREENSHOT=docs/figures/report.png \\
@@ -45,7 +45,8 @@ def test_demo_report_renders_cleanly_and_shows_transcripts(tmp_path, capsys):
     run_dir = os.environ.get("REPORT_RUN_DIR")
     if run_dir is None:
         assert main(["train", "magrpo", "--preset", "demo", "--num-iterations", "1", "--num-eval-problems", "2",
-                     "--output-dir", str(tmp_path), "--no-progress"]) == 0
+                     "--num-generations", "2", "--max-new-tokens", "32", "--output-dir", str(tmp_path),
+                     "--no-progress"]) == 0
         out = capsys.readouterr().out
         run_dir = str(tmp_path / "demo")
         assert f"report: {run_dir}/report.html" in out
