@@ -318,8 +318,18 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(text).split()) or type(err).__name__
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+def _warnings_in_one_line(default):
+    """``warnings.showwarning`` that prints llm-envs' own warnings as one line (others as before)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        from baselines.common import CheckpointFallbackWarning
+
+        if issubclass(category, CheckpointFallbackWarning):
+            print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
     with warnings.catch_warnings():
         if not debug:
-            warnings.showwarning = _show_warning
+            warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
         try:
             return int(args.func(args))
         except Exception as err:
