@@ -3,8 +3,9 @@ run loads with no console error, no exception and no request beyond the file its
 transcripts; the harness itself catches each of those on a page that has them.
 
 The demo run is the README's ``--preset demo`` cut to 1 iteration of 2 x 2 samples of 32 tokens and 2
-eval problems (about a minute on 2 idle CPU cores; several when they are shared). To picture a real demo instead (docs/figures/report.png is made this way, after
-``make demo``)::
+eval problems (about a minute on 2 idle CPU cores; several when they are shared). To picture another
+run instead (docs/figures/report.png was made this way, from a ``--preset demo --num-iterations 6
+--num-eval-problems 4`` run)::
 
     REPORT_RUN_DIR=runs/demo REPORT_SCREENSHOT=docs/figures/report.png \\
         .venv/bin/python -m pytest tests/test_report_browser.py -m slow
