@@ -9,10 +9,12 @@ safetensors under ``default_model_dir() / "model"`` (written to a temporary dire
 place with ``os.replace`` so a reader never sees half a cache), and every later load reads the
 safetensors (a second or two).
 
-The tokenizer is never loaded here: use :func:`llm_envs.tokenizers.load_tokenizer` (the same object
-the envs use, so token ids agree). It pads on the left. Its pad token is its end-of-turn token
-``<|im_end|>``, which also appears inside chat prompts: nothing in :mod:`agents` finds a prompt or
-response boundary by searching for pad ids; the attention masks say where the tokens are.
+The converted directory also holds the tokenizer's files, so tools that take a model path (TRL,
+``AutoTokenizer.from_pretrained``) load it as any local model. Within llm-envs, use
+:func:`llm_envs.tokenizers.load_tokenizer` (the same object the envs use, so token ids agree). It pads
+on the left. Its pad token is its end-of-turn token ``<|im_end|>``, which also appears inside chat
+prompts: nothing in :mod:`agents` finds a prompt or response boundary by searching for pad ids; the
+attention masks say where the tokens are.
 
 >>> from agents.models import load_model                       # doctest: +SKIP
 >>> model = load_model()                  # embedded default, bfloat16 where the CPU/GPU has it, else float32
@@ -97,13 +99,44 @@ def _is_converted(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
+def _has_tokenizer(path: Path) -> bool:
+    return (path / "tokenizer_config.json").is_file()
+
+
+def _save_tokenizer(directory: Path) -> None:
+    from llm_envs.tokenizers import load_tokenizer
+
+    load_tokenizer(None).save_pretrained(str(directory))
+
+
+def _add_tokenizer(target: Path) -> None:
+    """Put the default tokenizer's files into a converted directory that lacks them (converted by an
+    older version): each file is moved in with ``os.replace``, ``tokenizer_config.json`` last, so a
+    reader that finds it finds the others."""
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=target.parent))
+    try:
+        _save_tokenizer(tmp)
+        files = sorted(tmp.iterdir(), key=lambda f: f.name == "tokenizer_config.json")
+        for file in files:
+            os.replace(file, target / file.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def convert_default_model(force: bool = False) -> Path:
-    """Convert the embedded GGUF model to safetensors under :func:`default_model_weights_dir` (once).
+    """Convert the embedded GGUF model to safetensors under :func:`default_model_weights_dir` (once),
+    with the default tokenizer's files beside the weights, so that ``AutoModelForCausalLM`` and
+    ``AutoTokenizer.from_pretrained(path)`` both load it (TRL, vLLM and other tools take such a path).
 
     Returns the directory. Does nothing when it is already there, unless ``force``.
     """
     target = default_model_weights_dir()
     if _is_converted(target) and not force:
+        if not _has_tokenizer(target):
+            _add_tokenizer(target)
         return target
     from transformers import AutoModelForCausalLM
 
@@ -121,7 +154,11 @@ def convert_default_model(force: bool = False) -> Path:
         raise RuntimeError(f"Converting {gguf.name}: missing weights {missing}, unexpected weights {unexpected}")
     fresh.generation_config = gguf_model.generation_config
 
-    atomic_save_dir(target, lambda tmp: fresh.save_pretrained(str(tmp), safe_serialization=True), replace=force)
+    def save(tmp: Path) -> None:
+        fresh.save_pretrained(str(tmp), safe_serialization=True)
+        _save_tokenizer(tmp)
+
+    atomic_save_dir(target, save, replace=force)
     return target
 
 

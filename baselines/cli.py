@@ -14,14 +14,23 @@
                                        and math envs (llm-envs eval --env math/gsm8k-v0 --num-samples 5)
     llm-envs plot RUN_DIR_OR_JSONL [--output PNG]
                                        learning curves per reward component
+    llm-envs report RUN_DIR [--output HTML]
+                                       one self-contained HTML page: config, curves, eval table and
+                                       the agents' transcripts before and after training
+
+Bad input (an unknown env, a bad flag value, a damaged checkpoint) ends with one line on stderr and
+exit status 2 (1 for other errors); ``--debug`` anywhere on the command line shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,20 +118,55 @@ def cmd_train(args: argparse.Namespace) -> int:
     description = (learner.__doc__ or "").split("\n\n")[0]
     if presets:
         description += f" Use --preset {{{', '.join(sorted(presets))}}} for named settings."
-    config = tyro.cli(learner.Config, args=rest, default=default, prog=f"llm-envs train {args.algo}",
-                      description=description)
+    prog = f"llm-envs train {args.algo}"
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            config = tyro.cli(learner.Config, args=rest, default=default, prog=prog, description=description)
+    except SystemExit as exit_:
+        if exit_.code:  # not --help: tyro's boxed message as one line, exit status 2 as argparse's errors
+            print(f"{prog}: error: {tyro_error_line(captured.getvalue())} (see {prog} --help)", file=sys.stderr)
+        raise
     try:
         result = learner.main(config)
     except KeyboardInterrupt:
         return 130
     print(learner.summary(result))
+    from baselines import distributed
+
+    if distributed.rank() == 0:
+        from baselines.report import write_report
+
+        print(f"report: {write_report(result['run_dir'])}")
     return 0
+
+
+def tyro_error_line(text: str) -> str:
+    """tyro's boxed error message as one line: the text of the box's first section (the border, what
+    follows the first rule or the "For full helptext" line, and line wraps removed).
+
+    >>> tyro_error_line("╭─ Value error ─╮\\n│ Error parsing --x: bad │\\n│ ──── │\\n│ Argument helptext: │\\n╰─╯")
+    'Error parsing --x: bad'
+    """
+    lines = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(("╭", "╰")):
+            continue
+        inner = line.strip("│").strip()
+        if inner and set(inner) <= set("─"):
+            break  # the rule before tyro's helptext
+        if inner.startswith("For full helptext"):
+            break
+        if inner:
+            lines.append(inner)
+    return " ".join(" ".join(lines).split()) or "invalid arguments"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import llm_envs
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.common import evaluate, find_checkpoint
+    from baselines.common import CheckpointError, evaluate, find_checkpoint
 
     env_id, model = args.env, args.model
     env_kwargs: dict = {}
@@ -131,8 +175,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     learner, trainer = None, {}
     if args.checkpoint is not None:
         checkpoint = find_checkpoint(args.checkpoint)
-        trainer = json.loads((checkpoint / "trainer.json").read_text())
-        learner, saved = trainer.get("learner"), trainer["config"]
+        trainer_path = checkpoint / "trainer.json"
+        try:
+            trainer = json.loads(trainer_path.read_text(encoding="utf-8"))
+            learner, saved = trainer.get("learner"), dict(trainer["config"])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"corrupt checkpoint file {trainer_path}: {type(err).__name__}: {err}") from err
         env_id = env_id or saved["env"]
         model = model if model is not None else saved.get("model")
         lora = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])
@@ -202,8 +250,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from baselines.report import write_report
+
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llm-envs", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="llm-envs", description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error (anywhere on the line)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="registered env ids with one-line descriptions")
     p.set_defaults(func=cmd_list)
@@ -244,12 +307,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, help="PNG path (default: learning_curves.png next to the JSONL)")
     p.add_argument("--smoothing", type=int, default=5, help="moving-average window (default: %(default)s)")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a run: config, curves, eval, transcripts")
+    p.add_argument("run_dir", help="run directory (holds metrics.jsonl and samples.jsonl)")
+    p.add_argument("--output", default=None, help="HTML path (default: report.html in the run directory)")
+    p.set_defaults(func=cmd_report)
     return parser
 
 
+INPUT_ERRORS = (ValueError, TypeError, LookupError, OSError)
+"""Exceptions that mean bad input (values, names, paths, files): exit status 2; anything else: 1."""
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (a KeyError without its quotes)."""
+    text = err.args[0] if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
+    return " ".join(str(text).split()) or type(err).__name__
+
+
+def _warnings_in_one_line(default):
+    """``warnings.showwarning`` that prints llm-envs' own warnings as one line (others as before)."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        from baselines.common import CheckpointFallbackWarning
+
+        if issubclass(category, CheckpointFallbackWarning):
+            print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    """Run the command line; returns the exit status. Errors are one line on stderr unless --debug."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    with warnings.catch_warnings():
+        if not debug:
+            warnings.showwarning = _warnings_in_one_line(warnings.showwarning)
+        try:
+            return int(args.func(args))
+        except Exception as err:
+            if debug:
+                raise
+            status = 2 if isinstance(err, INPUT_ERRORS) else 1
+            kind = "" if isinstance(err, INPUT_ERRORS) else f"{type(err).__name__}: "
+            name = " ".join(["llm-envs", args.command, *([args.algo] if args.command == "train" else [])])
+            print(f"{name}: error: {kind}{one_line(err)} (--debug shows the traceback)", file=sys.stderr)
+            return status
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ rollout helpers and evaluation on the eval split.
                            temporary directory and moved into place with ``os.replace``; ``latest``
                            names the newest complete one
 ``load_checkpoint``        reads and checks everything (format, config, files) before changing state
+``resume_checkpoint``      ``--resume``: the newest checkpoint that loads (a damaged one is skipped with
+                           a warning)
 ``plot_metrics``           PNG learning curves per reward component from a metrics JSONL
 ``strip_left_padding``     drops the columns that are padding in every row (prompts are left-padded
                            to the env's L = 2048 but are ~450 tokens: a big saving on CPU)
@@ -198,6 +200,19 @@ class MetricLogger:
         if self._wandb is not None:
             self._wandb.log(values, step=step)
 
+    def log_text(self, step: int, tag: str, text: str) -> None:
+        """Markdown text to TensorBoard's text plugin (when TensorBoard is on); the JSONL holds numbers only."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+            self._tb.flush()
+
+    def log_table(self, step: int, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """A table to W&B (when W&B is on)."""
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({key: wandb.Table(columns=list(columns), data=[list(r) for r in rows])}, step=step)
+
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
@@ -232,6 +247,14 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
 # ----------------------------------------------------------------------------------------- checkpoints
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt or does not fit the run that tries to load it."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """An intact checkpoint of another learner or config: no older checkpoint of the run would fit either."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """``--resume`` skipped a damaged checkpoint and continues from an older one."""
 
 
 def _jsonable(config: Any) -> Any:
@@ -408,7 +431,7 @@ def load_checkpoint(
     if not isinstance(trainer, dict) or trainer.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{trainer_path} is not a {CHECKPOINT_FORMAT} checkpoint: {str(trainer)[:200]!r}")
     if trainer.get("learner") != learner:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {str(directory)!r} was written by {trainer.get('learner')!r}, not {learner!r}"
         )
     ours, theirs = _jsonable(config), trainer.get("config", {})
@@ -420,7 +443,7 @@ def load_checkpoint(
     }
     if diff:
         listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise CheckpointError(f"checkpoint {str(directory)!r} was made with a different config ({listed})")
+        raise CheckpointMismatchError(f"checkpoint {str(directory)!r} was made with a different config ({listed})")
     tensors = {}
     for name in ("optimizers.pt", "rng.pt"):
         file = directory / name
@@ -429,7 +452,8 @@ def load_checkpoint(
         except FileNotFoundError as err:
             raise CheckpointError(f"checkpoint file {file} is missing") from err
         except Exception as err:  # torch.load raises many types for a damaged zip/pickle
-            raise CheckpointError(f"corrupt checkpoint file {file}: {type(err).__name__}: {err}") from err
+            # The message of torch's unpickling errors is a page of advice; the cause stays chained.
+            raise CheckpointError(f"corrupt checkpoint file {file}: torch.load raised {type(err).__name__}") from err
     saved_opts = tensors["optimizers.pt"]
     if not isinstance(saved_opts, dict) or set(saved_opts) != set(optimizers):
         held = sorted(saved_opts) if isinstance(saved_opts, dict) else type(saved_opts).__name__
@@ -458,11 +482,59 @@ def load_checkpoint(
     return trainer
 
 
+def resume_candidates(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint directories ``--resume`` may continue from, newest step first (at least one, or
+    :class:`CheckpointError`)."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for path in root.glob("step_*") if root.is_dir() else ():
+        step = path.name[len("step_") :]
+        if path.is_dir() and step.isdigit():
+            found.append((int(step), path))
+    if not found:
+        raise CheckpointError(
+            f"no checkpoint found in {str(root)!r}: nothing to resume (leave out --resume to start a new run)"
+        )
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resume_checkpoint(run_dir: str | os.PathLike[str], **load_kwargs: Any) -> dict[str, Any]:
+    """``--resume``: :func:`load_checkpoint` from the newest checkpoint of ``run_dir`` that loads. A
+    damaged one (missing or corrupt files) is skipped with a :class:`CheckpointFallbackWarning` naming
+    it and the one used instead; a checkpoint of another learner or config stops the run
+    (:class:`CheckpointMismatchError`), as does having no checkpoint that loads."""
+    candidates = resume_candidates(run_dir)
+    failures: list[tuple[Path, CheckpointError]] = []
+    for directory in candidates:
+        try:
+            trainer = load_checkpoint(directory, **load_kwargs)
+        except CheckpointMismatchError:
+            raise
+        except CheckpointError as err:
+            failures.append((directory, err))
+            continue
+        if failures:
+            import warnings
+
+            skipped = "; ".join(f"{path.name}: {err}" for path, err in failures)
+            warnings.warn(
+                f"resuming from {directory.name} (step {trainer['step']}), the newest checkpoint that loads; "
+                f"skipped damaged {skipped}",
+                CheckpointFallbackWarning,
+                stacklevel=2,
+            )
+        return trainer
+    if len(failures) == 1:
+        raise failures[0][1]
+    listed = "; ".join(f"{path.name}: {err}" for path, err in failures)
+    raise CheckpointError(f"no checkpoint of {str(Path(run_dir))!r} loads: {listed}")
+
+
 def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool | None = None) -> None:
     """Before loading a model: a resumed run needs a checkpoint; a new run must not write over one
     (unless ``overwrite`` is True; ``None``: the learner has no --overwrite option)."""
     if resume:
-        find_checkpoint(run_dir)
+        resume_candidates(run_dir)
     elif (run_dir / "checkpoints").exists() and not overwrite:
         hint = ", or --overwrite to start afresh" if overwrite is not None else ""
         raise FileExistsError(
@@ -567,6 +639,15 @@ class SequentialVectorEnv:
         self.num_envs = num_envs
         self.possible_agents = list(first.possible_agents)
         self.agents: list[str] = []
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of the batch's envs (read-only; every copy shares the first env's)."""
+        return self.envs[0].tokenizer
+
+    def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """``obs_format="flat"``: cut stacked flat observations (N, D) into their parts."""
+        return self.envs[0].split_flat(flat)
 
     def reset(
         self, seed: int | Sequence[int] | None = None, options: Mapping[str, Any] | Sequence[Any] | None = None
@@ -727,6 +808,7 @@ def evaluate(
     split: str = "eval",
     env_kwargs: Mapping[str, Any] | None = None,
     adapters: Mapping[str, str] | None = None,
+    episodes: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Roll the policy on the first ``num_problems`` problems of ``split``, ``num_samples`` episodes
     each, through the env (one batch of problems x samples; sequential envs role by role). Returns
@@ -734,7 +816,10 @@ def evaluate(
     turns) and, when a component says whether a sample solved its problem (``tests`` on coding envs,
     ``correct`` on math envs), ``eval/pass@k`` for each k <= num_samples (``eval/pass@k_<role>`` for
     ``correct_<role>``). ``adapters`` maps env roles to the policy's adapters (default: same names).
-    Torch's RNG is forked so that evaluating never changes what training samples next."""
+    Torch's RNG is forked so that evaluating never changes what training samples next.
+
+    ``episodes``: a list to extend with one transcript record per episode (prompts, responses,
+    reward and components; :func:`baselines.samples.episode_records`)."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     # The env ends a response where the policy stopped generating it (every EOS id of the model).
@@ -770,6 +855,11 @@ def evaluate(
     for c in components:
         out[f"eval/{c}"] = float(np.mean(info[f"reward_{c}"]))
     out.update(pass_metrics(info, components, num_problems, num_samples, ks))
+    if episodes is not None:
+        from baselines.samples import episode_records
+
+        seeds = [seed + i for i in range(len(options))]
+        episodes.extend(episode_records(venv.envs, seeds=seeds, options=options, models=adapters))
     venv.close()
     return out
 

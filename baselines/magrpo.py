@@ -137,6 +137,9 @@ class Config:
     """Eval-split problems per evaluation (0 disables evaluation)."""
     eval_greedy: bool = True
     """Greedy decoding at evaluation (else the training sampling settings)."""
+    samples_every: int = 10
+    """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
+    (0: none); every evaluation writes all its episodes there."""
 
     output_dir: str = "runs"
     """Where run directories go."""
@@ -188,9 +191,9 @@ class Config:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in (
-            "eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size", "micro_batch_tokens"
-        ):
+        nonnegative = ("eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size",
+                       "micro_batch_tokens", "samples_every")
+        for name in nonnegative:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -321,6 +324,7 @@ RESUMABLE_FIELDS = (
     "wandb_project",
     "checkpoint_every",
     "eval_every",
+    "samples_every",
     "device",
     "threads",
     "output_dir",
@@ -644,12 +648,13 @@ def main(config: Config) -> dict[str, float]:
         check_run_dir,
         evaluate,
         interrupted,
-        load_checkpoint,
         plot_metrics,
         probe_env,
+        resume_checkpoint,
         save_checkpoint,
         seed_everything,
     )
+    from baselines.samples import SampleWriter
     from llm_envs.core.vector import VectorEnv
 
     if config.threads is not None:
@@ -709,7 +714,7 @@ def main(config: Config) -> dict[str, float]:
     start = 0
     extra: dict[str, Any] = {}
     if config.resume:
-        trainer = load_checkpoint(
+        trainer = resume_checkpoint(
             run_dir,
             learner=LEARNER,
             config=config,
@@ -731,16 +736,22 @@ def main(config: Config) -> dict[str, float]:
             resume_step=start if config.resume else None,
         )
 
+    samples = None
+    if main_rank:
+        samples = SampleWriter(run_dir, logger=logger, resume_step=start if config.resume else None,
+                               train_every=config.samples_every, num_iterations=config.num_iterations)
+
     def log(step: int, values: dict[str, float]) -> None:
         if logger is not None:
             logger.log(step, values)
 
-    def run_eval() -> dict[str, float]:
+    def run_eval(step: int) -> dict[str, float]:
         if config.num_eval_problems == 0:
             return {}
         if not main_rank:  # the replicas are identical: rank 0 evaluates, the others wait for it
             distributed.barrier()
             return {}
+        episodes: list[dict[str, Any]] = []
         result = evaluate(
             policy,
             config.env,
@@ -752,7 +763,9 @@ def main(config: Config) -> dict[str, float]:
             greedy=config.eval_greedy,
             seed=config.seed,
             env_kwargs=env_kwargs,
+            episodes=episodes,
         )
+        samples.write_eval(step, episodes)
         distributed.barrier()
         return result
 
@@ -787,7 +800,7 @@ def main(config: Config) -> dict[str, float]:
     policy.train()
     try:
         if "eval_before" not in extra:
-            before = run_eval()
+            before = run_eval(start)
             if main_rank:
                 extra["eval_before"] = before
             if before:
@@ -862,15 +875,17 @@ def main(config: Config) -> dict[str, float]:
                     "charts/learning_rate": config.learning_rate,
                 }
             )
+            if samples is not None and not config.uses_tree():
+                samples.write_train(step, venv.envs, seeds=seeds, options=options)
             if config.eval_every and step % config.eval_every == 0 and step < config.num_iterations:
-                metrics.update(run_eval())
+                metrics.update(run_eval(step))
             log(step, metrics)
             bar.set_postfix(reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
             state = boundary(step)
             if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
                 checkpoint(state, step)
         bar.close()
-        final_eval = run_eval()
+        final_eval = run_eval(step)
     except KeyboardInterrupt:
         bar.close()
         interrupted(state, run_dir, checkpoint, wait=not info.distributed)

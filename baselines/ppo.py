@@ -114,6 +114,9 @@ class Config:
     """Eval-split problems per evaluation (0 disables evaluation)."""
     eval_greedy: bool = True
     """Greedy decoding at evaluation (else the training sampling settings)."""
+    samples_every: int = 10
+    """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
+    (0: none); every evaluation writes all its episodes there."""
 
     output_dir: str = "runs"
     """Where run directories go."""
@@ -158,6 +161,7 @@ class Config:
             "eval_every": 0,
             "num_eval_problems": 0,
             "checkpoint_every": 0,
+            "samples_every": 0,
         }
         for name, low in ints.items():
             value = getattr(self, name)
@@ -223,6 +227,7 @@ RESUMABLE_FIELDS = (
     "wandb_project",
     "checkpoint_every",
     "eval_every",
+    "samples_every",
     "device",
     "threads",
     "output_dir",
@@ -592,14 +597,15 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         check_run_dir,
         evaluate,
         interrupted,
-        load_checkpoint,
         make_vector_env,
         play_episodes,
         plot_metrics,
         probe_env,
+        resume_checkpoint,
         save_checkpoint,
         seed_everything,
     )
+    from baselines.samples import SampleWriter
 
     learner = config.learner
     if config.threads is not None:
@@ -651,7 +657,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
 
     start, extra = 0, {}
     if config.resume:
-        trainer = load_checkpoint(
+        trainer = resume_checkpoint(
             run_dir,
             learner=learner,
             config=config,
@@ -675,6 +681,11 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             resume_step=start if config.resume else None,
         )
 
+    samples = None
+    if main_rank:
+        samples = SampleWriter(run_dir, logger=logger, resume_step=start if config.resume else None,
+                               train_every=config.samples_every, num_iterations=config.num_iterations)
+
     def log(step: int, values: dict[str, float]) -> None:
         if logger is not None:
             logger.log(step, values)
@@ -687,6 +698,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         if not main_rank:
             distributed.barrier()
             return {}
+        episodes: list[dict[str, Any]] = []
         result = evaluate(
             policy,
             config.env,
@@ -699,7 +711,9 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             seed=config.seed,
             env_kwargs=config.env_kwargs(),
             adapters=assign(max(step - 1, 0)),
+            episodes=episodes,
         )
+        samples.write_eval(step, episodes)
         distributed.barrier()
         return result
 
@@ -748,11 +762,13 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             problems = rng.choice(n_train, size=config.batch_size, replace=n_train < config.batch_size)
             length = int(rng.integers(config.min_new_tokens, config.max_new_tokens + 1))
             sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
+            seeds = [config.seed * 1_000_003 + iteration * config.batch_size + i for i in positions]
+            options = [{"task_index": int(problems[i]), "split": "train"} for i in positions]
             steps, returns, infos = play_episodes(
                 policy,
                 venv,
-                seeds=[config.seed * 1_000_003 + iteration * config.batch_size + i for i in positions],
-                options=[{"task_index": int(problems[i]), "split": "train"} for i in positions],
+                seeds=seeds,
+                options=options,
                 action_length=config.max_new_tokens,
                 adapters=players,
                 sample_seeds=sample_seeds if per_episode else None,
@@ -818,6 +834,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                     "charts/learning_rate": config.learning_rate,
                 }
             )
+            if samples is not None:
+                samples.write_train(step, venv.envs, seeds=seeds, options=options, models=players)
             if config.eval_every and step % config.eval_every == 0 and step < config.num_iterations:
                 metrics.update(run_eval(step))
             log(step, metrics)

@@ -66,6 +66,7 @@ def test_train_magrpo_then_eval(tiny_model_dir, tmp_path, capsys):
     assert "before" in out and "after" in out and "plot:" in out
     run_dir = tmp_path / "cli"
     assert (run_dir / "learning_curves.png").is_file() and (run_dir / "checkpoints" / "latest").is_file()
+    assert f"report: {run_dir / 'report.html'}" in out and (run_dir / "report.html").is_file()
 
     assert main(["eval", "--checkpoint", str(run_dir), "--num-problems", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -73,15 +74,83 @@ def test_train_magrpo_then_eval(tiny_model_dir, tmp_path, capsys):
     assert 0.0 <= result["eval/total"] <= 3.0 and "eval/structure" in result
 
 
+def one_error_line(capsys) -> str:
+    """The one error line on stderr (transformers may draw a weight-loading progress bar there too)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
 def test_train_bad_flags(capsys):
     assert main(["train", "magrpo", "--preset", "nope"]) == 2
     assert "unknown preset 'nope'" in capsys.readouterr().err
-    # tyro reports the config's own check (which quotes the value) and exits with status 2.
+    # Bad flags exit with status 2 as argparse's errors do, with one line: the config's own check (which
+    # quotes the value), a value that does not parse, an unknown flag, an unknown learner.
+    for argv, expected in [
+        (["train", "magrpo", "--num-generations", "1"], "num_generations=1 leaves a group of one"),
+        (["train", "ppo", "--learning-rate", "fast"], "Error parsing --learning-rate"),
+        (["train", "cory", "--no-such-flag", "1"], "Unrecognized options: --no-such-flag"),
+        (["train", "sac"], "invalid choice: 'sac'"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        line = one_error_line(capsys)
+        assert exit_info.value.code == 2 and expected in line, line
+        assert line.startswith(f"llm-envs train{' ' + argv[1] if argv[1] != 'sac' else ''}: error: "), line
     with pytest.raises(SystemExit) as exit_info:
-        main(["train", "magrpo", "--num-generations", "1"])
-    assert exit_info.value.code == 2 and "num_generations=1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["train", "sac"])  # not a learner: argparse rejects the choice
+        main(["train", "magrpo", "--help"])
+    assert exit_info.value.code == 0 and "--num-generations" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
+    assert main(["train", "magrpo", "--env", "nope/nope-v0", "--output-dir", str(tmp_path)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("llm-envs train magrpo: error: Unknown env id 'nope/nope-v0'.")
+    assert line.rstrip().endswith("(--debug shows the traceback)")
+    with pytest.raises(KeyError, match="nope/nope-v0"):
+        main(["train", "magrpo", "--env", "nope/nope-v0", "--output-dir", str(tmp_path), "--debug"])
+    assert main(["eval", "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "no checkpoint found at" in one_error_line(capsys)
+    assert main(["train", "magrpo", "--resume", "--output-dir", str(tmp_path)]) == 2
+    assert "nothing to resume" in one_error_line(capsys)
+    step = tmp_path / "run" / "checkpoints" / "step_000001"
+    step.mkdir(parents=True)
+    (step / "trainer.json").write_text("{ torn")
+    assert main(["eval", "--checkpoint", str(step)]) == 2
+    assert "corrupt checkpoint file" in one_error_line(capsys)
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tiny_model_dir, tmp_path, capsys):
+    args = [
+        "train", "magrpo", "--model", tiny_model_dir, "--max-source-words", "20", "--num-generations", "2",
+        "--max-new-tokens", "8", "--num-eval-problems", "0", "--output-dir", str(tmp_path), "--run-name", "r",
+        "--no-tensorboard", "--no-progress", "--lora-rank", "4", "--checkpoint-every", "1",
+    ]
+    assert main([*args, "--num-iterations", "2"]) == 0
+    root = tmp_path / "r" / "checkpoints"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000001", "step_000002"]
+    (root / "step_000002" / "policy" / "brief.adapter.safetensors").write_bytes(b"damaged")
+    capsys.readouterr()
+    assert main([*args, "--num-iterations", "3", "--resume"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if line.startswith("llm-envs: warning:")]
+    assert len(warning) == 1 and "resuming from step_000001 (step 1)" in warning[0]
+    assert "skipped damaged step_000002" in warning[0] and "brief.adapter.safetensors" in warning[0]
+    trainer = json.loads((root / "step_000003" / "trainer.json").read_text())
+    assert trainer["step"] == 3
+    from baselines.common import read_metrics
+
+    assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
+    for name in ("step_000002", "step_000003"):
+        (root / name / "optimizers.pt").write_bytes(b"damaged")
+    assert main([*args, "--num-iterations", "4", "--resume"]) == 2
+    line = one_error_line(capsys)
+    assert "no checkpoint of" in line and "step_000003: corrupt checkpoint file" in line
+    # A checkpoint of another config is not damage: no fallback, the mismatch is the error.
+    (root / "step_000003" / "optimizers.pt").unlink()
+    assert main([*args, "--num-iterations", "4", "--resume", "--learning-rate", "0.5"]) == 2
+    line = one_error_line(capsys)
+    assert "different config (learning_rate" in line and "no checkpoint of" not in line
 
 
 def test_iac_is_the_ppo_learner(capsys):
@@ -92,4 +161,4 @@ def test_iac_is_the_ppo_learner(capsys):
     assert exit_info.value.code == 0 and "llm-envs train iac" in out and "--vf-coef" in out
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "iac", "--vf-coef", "-1"])
-    assert exit_info.value.code == 2 and "vf_coef" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "vf_coef" in one_error_line(capsys)

@@ -263,6 +263,15 @@ class LLMEnvCore:
         self._np_random: np.random.Generator | None = None
         self._np_random_seed: int | None = None
 
+    # ----------------------------------------------------------------------------------- tokenizer
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer this env encodes prompts and decodes actions with (read-only): the same object
+        the env uses, so ``env.tokenizer.decode(obs["observation"][mask == 1])`` is the prompt as text
+        and ``env.tokenizer(text, add_special_tokens=False)["input_ids"]`` is a response as token ids.
+        Copies of an env (``copy.deepcopy``, vector envs) share it."""
+        return self._tok.tokenizer
+
     # ----------------------------------------------------------------------------------- spaces
     def observation_space(self, agent: str) -> spaces.Space:
         self._check_agent_name(agent)
@@ -727,6 +736,36 @@ class LLMEnvCore:
             else:
                 lines.append(f"--- feedback [{role}] ---\n{text}")
         return "\n".join(lines)
+
+    def transcript_turns(self) -> list[dict[str, Any]]:
+        """The episode so far as data, one dict per turn (what :meth:`transcript` prints): ``prompts``
+        ({role: prompt text as tokenized}), ``responses`` ({role: text}), ``reward`` (the joint one),
+        ``components``, ``agent_rewards`` ({role: reward}) and ``feedback`` ({role: text}). A turn still
+        in progress has its prompts so far, ``reward`` None and the rest empty."""
+        turns: list[dict[str, Any]] = []
+        prompts: dict[str, str] = {}
+        for kind, role, text in self._transcript:
+            if kind == "prompt":
+                prompts[role] = text
+            elif kind == "reward":
+                record = self._history[len(turns)]
+                turns.append(
+                    {
+                        "prompts": prompts,
+                        "responses": {r: record.outputs[r].text for r in self.possible_agents},
+                        "reward": record.reward,
+                        "components": dict(record.components),
+                        "agent_rewards": dict(record.agent_rewards),
+                        "feedback": dict(record.feedback),
+                    }
+                )
+                prompts = {}
+        if prompts:
+            turns.append(
+                {"prompts": prompts, "responses": {}, "reward": None, "components": {}, "agent_rewards": {},
+                 "feedback": {}}
+            )
+        return turns
 
     def render(self) -> str | None:
         if self.render_mode is None:

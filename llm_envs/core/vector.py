@@ -75,6 +75,16 @@ class VectorEnv:
         """Which envs of the batch have finished their episode (token mode: they wait for the rest)."""
         self._last: list[tuple[dict, dict, dict, dict, dict] | None] = [None] * num_envs
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer of the batch's envs (read-only; every copy shares the first env's)."""
+        return self.envs[0].tokenizer
+
+    def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """``obs_format="flat"``: cut stacked flat observations (N, D) into their parts (see
+        :meth:`llm_envs.core.base.LLMEnvCore.split_flat`)."""
+        return self.envs[0].split_flat(flat)
+
     def observation_space(self, agent: str) -> Any:
         """The space of one env's observation (stacked arrays add a leading N axis)."""
         return self.envs[0].observation_space(agent)

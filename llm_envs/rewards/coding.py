@@ -39,7 +39,9 @@ import re
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from llm_envs.rewards.trl import LogMetric, completion_texts, log_component_means, prompt_texts
 from llm_envs.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxJob, SandboxLimits, run_many
 
 AUX_NAME = "aux"
@@ -325,7 +327,9 @@ def collaboration_reward(
     limits: SandboxLimits = DEFAULT_LIMITS,
     **unused_columns: object,
 ) -> list[float]:
-    """Batch reward in TRL's ``reward_funcs`` style: keyword columns in, one float per pair out.
+    """Batch reward of (aux, main) pairs written by two models: keyword columns in, one float per pair
+    out. TRL's ``GRPOTrainer`` trains one model and never passes these names (it passes ``prompts``
+    and ``completions``): give it :func:`coding_reward_func`.
 
     >>> collaboration_reward(aux_completions=["def aux(x):\\n    return x\\n"],
     ...                      main_completions=["no code"], prompt=["def f(x):\\n    pass\\n"],
@@ -334,4 +338,50 @@ def collaboration_reward(
     [0.4]
     """
     scores = score_collaborations(aux_completions, main_completions, prompt, test, entry_point, limits)
+    return [s.total for s in scores]
+
+
+def coding_reward_func(
+    completions: Sequence[Any],
+    *,
+    test: Sequence[str] | None = None,
+    entry_point: Sequence[str] | None = None,
+    code_prompt: Sequence[str] | None = None,
+    prompts: Sequence[Any] | None = None,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+    log_metric: LogMetric | None = None,
+    **unused_columns: Any,
+) -> list[float]:
+    """TRL ``reward_funcs`` entry for one model writing both functions: each completion is scored as
+    if it were both the helper's and main's text (``aux`` and the entry point are taken from it by
+    name, so a completion without ``aux`` gets the levels that do not need it: the reference's
+    single-agent baseline).
+
+    Dataset columns, named as a HumanEval-style dataset carries them: ``test`` (``def
+    check(candidate): ...``) and ``entry_point``. The problem's code (its imports, and the helper
+    functions some problems define, such as HumanEval/32's ``poly``) comes from ``code_prompt`` when the
+    dataset has that column, else from the prompts TRL passes (``prompts``: the ``prompt`` column,
+    which TRL reserves), which works when the prompt is the problem's code itself. When the prompt
+    wraps it in instructions (:func:`llm_envs.tasks.coding.single_agent_prompt`), carry the code as
+    ``code_prompt``. Completions are str or conversations. With TRL's ``log_metric`` the batch means of
+    the components go to the trainer's logs as ``coding/<component>``.
+
+    >>> coding_reward_func(completions=["def f(x):\\n    return x\\n"], prompts=["def f(x):\\n    pass\\n"],
+    ...                    test=["def check(candidate):\\n    assert candidate(1) == 1\\n"], entry_point=["f"])
+    [2.1]
+    """
+    texts = completion_texts(completions)
+    if test is None or entry_point is None:
+        raise ValueError(
+            "coding_reward_func needs the dataset columns 'test' and 'entry_point' (as in HumanEval); got "
+            f"columns {sorted(unused_columns)}"
+        )
+    if code_prompt is not None:
+        problems = list(code_prompt)
+    elif prompts is not None:
+        problems = prompt_texts(prompts)
+    else:
+        raise ValueError("coding_reward_func needs the problem's code: a 'code_prompt' column, or TRL's prompts")
+    scores = score_collaborations(texts, texts, problems, list(test), list(entry_point), limits)
+    log_component_means(log_metric, "coding", [s.components for s in scores])
     return [s.total for s in scores]

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from llm_envs.rewards.trl import LogMetric, log_component_means
+
 ANSWER_MARKER = "####"
 DEFAULT_STOP = "Question:"
 COMPONENTS = ("correct", "has_number")
@@ -126,7 +128,16 @@ def gsm8k_components(
 
 
 def gsm8k_reward(
-    *, completions: Sequence[Any], answer: Sequence[str], stop: str | None = DEFAULT_STOP, **kwargs: Any
+    *,
+    completions: Sequence[Any],
+    answer: Sequence[str],
+    stop: str | None = DEFAULT_STOP,
+    log_metric: LogMetric | None = None,
+    **kwargs: Any,
 ) -> list[float]:
-    """1.0 per completion whose last number (before ``stop``) equals the reference answer, else 0.0."""
-    return [c["correct"] for c in gsm8k_components(completions=completions, answer=answer, stop=stop)]
+    """1.0 per completion whose last number (before ``stop``) equals the reference answer, else 0.0.
+    With TRL's ``log_metric`` the batch means go to the trainer's logs as ``gsm8k/correct`` and
+    ``gsm8k/has_number``."""
+    components = gsm8k_components(completions=completions, answer=answer, stop=stop)
+    log_component_means(log_metric, "gsm8k", components)
+    return [c["correct"] for c in components]

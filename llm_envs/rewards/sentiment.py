@@ -36,6 +36,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from llm_envs.rewards.trl import LogMetric, log_component_means
+
 VADER = "vader"
 """Name of the offline VADER scorer (the default)."""
 DEFAULT_BATCH_SIZE = 32
@@ -235,10 +237,16 @@ def sentiment_reward(
     completions: Sequence[Any],
     query: Sequence[str] | None = None,
     scorer: ScorerSpec = VADER,
+    log_metric: LogMetric | None = None,
     **kwargs: Any,
 ) -> list[float]:
     """Positive sentiment of ``query + completion`` per completion (VADER compound score by default,
-    a classifier's positive-class logit with ``scorer=<path>``)."""
-    return get_scorer(scorer)(_texts(completions, query))
+    a classifier's positive-class logit with ``scorer=<path>``). With TRL's ``log_metric`` the batch
+    means of the scorer's components go to the trainer's logs as ``sentiment/<component>``."""
+    texts = _texts(completions, query)
+    scores = get_scorer(scorer)(texts)
+    if log_metric is not None:
+        log_component_means(log_metric, "sentiment", get_scorer(scorer).components(texts))
+    return scores
 
 

@@ -86,6 +86,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from llm_envs.rewards.trl import LogMetric, completion_texts, log_component_means
+
 WRITING_COMPONENTS = ("structure", "length", "diversity", "transition", "jaccard")
 
 PARAGRAPH_SPLIT = "[PARAGRAPH_SPLIT]"
@@ -453,74 +455,46 @@ def split_paragraphs(text: str) -> tuple[str, str] | None:
     return _LABEL_1.sub("", first.strip()), _LABEL_2.sub("", second.strip())
 
 
-def _completion_text(completion: Any, index: int) -> str:
-    """Text of one TRL completion: a str, or a conversation (list of {"role", "content"} messages) whose
-    assistant messages are joined; content may be a str or a list of {"type": "text", "text"} parts."""
-    if isinstance(completion, str):
-        return completion
-    if not isinstance(completion, Sequence):
-        raise TypeError(
-            f"completions[{index}] must be a str or a list of messages, "
-            f"got {type(completion).__name__}: {completion!r:.120}"
-        )
-    texts = []
-    for message in completion:
-        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-            raise TypeError(
-                f"completions[{index}] holds a message without 'role' and 'content': {message!r:.120}"
-            )
-        if message["role"] != "assistant":
-            continue
-        content = message["content"]
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, Sequence) and all(
-            isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
-            for part in content
-        ):
-            texts.append("".join(part["text"] for part in content))
-        else:
-            raise TypeError(
-                f"completions[{index}] has assistant content that is neither a str nor a list of text "
-                f"parts: {content!r:.120}"
-            )
-    if not texts:
-        raise ValueError(f"completions[{index}] has no assistant message: {completion!r:.120}")
-    return "".join(texts)
-
-
 def _single_agent(
-    completions: Sequence[Any], reward: Callable[[str, str], tuple[float, dict[str, float]]]
+    completions: Sequence[Any],
+    reward: Callable[[str, str], tuple[float, dict[str, float]]],
+    prefix: str,
+    log_metric: LogMetric | None,
 ) -> list[float]:
-    if isinstance(completions, str) or not isinstance(completions, Sequence):
-        raise TypeError(
-            "completions must be a list of completions, got "
-            f"{type(completions).__name__}: {completions!r:.120}"
-        )
-    scores = []
-    for index, completion in enumerate(completions):
-        parts = split_paragraphs(_completion_text(completion, index))
-        scores.append(0.0 if parts is None else reward(*parts)[0])
+    scores, components = [], []
+    for text in completion_texts(completions):
+        parts = split_paragraphs(text)
+        if parts is None:
+            total, found = 0.0, dict.fromkeys(WRITING_COMPONENTS, 0.0)
+        else:
+            total, found = reward(*parts)
+        scores.append(total)
+        components.append({**found, "has_split": float(parts is not None)})
+    log_component_means(log_metric, prefix, components)
     return scores
 
 
-def tldr_reward_func(completions: Sequence[Any], **kwargs: Any) -> list[float]:
+def tldr_reward_func(completions: Sequence[Any], log_metric: LogMetric | None = None, **kwargs: Any) -> list[float]:
     """TRL ``reward_funcs`` entry for the single-agent TLDR baseline: each completion holds both parts
-    separated by ``PARAGRAPH_SPLIT`` and is scored by ``tldr_reward`` (0.0 without the marker).
+    separated by ``PARAGRAPH_SPLIT`` and is scored by ``tldr_reward`` (0.0 without the marker). The
+    prompt that asks for this format is :func:`llm_envs.tasks.writing.single_agent_prompt`.
 
     ``completions`` are str or conversations ({"role", "content"} messages); TRL's other keyword
-    arguments (``prompts``, ``completion_ids``, dataset columns, ...) are accepted and ignored.
+    arguments (``prompts``, ``completion_ids``, dataset columns, ...) are accepted and ignored. With
+    TRL's ``log_metric``, the batch means of the components go to the trainer's logs as
+    ``tldr/<component>``, and the share of completions that hold the marker as ``tldr/has_split``.
 
     >>> tldr_reward_func(completions=["a summary with no split marker"], prompts=["post"])
     [0.0]
     """
-    return _single_agent(completions, tldr_reward)
+    return _single_agent(completions, tldr_reward, "tldr", log_metric)
 
 
-def arxiv_reward_func(completions: Sequence[Any], **kwargs: Any) -> list[float]:
-    """TRL ``reward_funcs`` entry for the single-agent arXiv baseline (see ``tldr_reward_func``).
+def arxiv_reward_func(completions: Sequence[Any], log_metric: LogMetric | None = None, **kwargs: Any) -> list[float]:
+    """TRL ``reward_funcs`` entry for the single-agent arXiv baseline (see ``tldr_reward_func``;
+    components logged as ``arxiv/<component>``).
 
     >>> arxiv_reward_func(completions=[[{"role": "assistant", "content": "Short. [PARAGRAPH_SPLIT] Text."}]])
     [0.0]
     """
-    return _single_agent(completions, arxiv_reward)
+    return _single_agent(completions, arxiv_reward, "arxiv", log_metric)

@@ -147,6 +147,54 @@ def {entry_point}({params}):
     return result
 """
 
+# Single-agent baselines: one model writes the whole solution, scored by
+# llm_envs.rewards.coding.coding_reward_func (TRL reward_funcs). The reference's (LLM_Collab_Code_Generation/
+# train_grpo.py) asks for the entry point only; the helper variant asks for aux and the entry point, the
+# two functions the two agents write, so every reward level is reachable.
+SINGLE_AGENT_PROMPT = """Solve this coding problem by implementing the required function.
+
+Problem:
+{prompt}
+
+IMPORTANT INSTRUCTIONS:
+- Output ONLY the function code, no explanations or examples
+- Do NOT include markdown code blocks (```python)
+- Do NOT include any text before or after the function
+- Do NOT include test cases or example usage
+- Implement ONLY the '{entry_point}' function as specified
+- Make sure your solution is complete and handles all cases
+
+Your output should follow this format:
+
+def {entry_point}({params}):
+    # your function code here
+    return result
+"""
+
+SINGLE_AGENT_HELPER_PROMPT = """Solve this coding problem with two functions: a helper function named aux and the \
+required function '{entry_point}', which calls aux and uses what it returns.
+
+Problem:
+{prompt}
+
+IMPORTANT INSTRUCTIONS:
+- Output ONLY the code of the two functions, no explanations or examples
+- Do NOT include markdown code blocks (```python)
+- Do NOT include test cases or example usage
+- aux must return a value that '{entry_point}' needs
+- '{entry_point}' must do more than return aux(...) unchanged
+
+Your output should follow this format:
+
+def aux(...):
+    # your helper code here
+    return result
+
+def {entry_point}({params}):
+    # your function code here, calling aux(...)
+    return result
+"""
+
 SEQUENTIAL_AUX = "\nThe helper function written for you (do not redefine it):\n"
 PREVIOUS_ATTEMPT = {
     "helper": "\n\nYour previous aux(...):\n",
@@ -230,6 +278,24 @@ def _problems(source: str, split: str, data_path: str | None) -> tuple[dict[str,
         rows = tuple(mbpp_to_humaneval(row, i) for i, row in enumerate(raw))
         return rows[MBPP_EVAL_SIZE:] if split == "train" else rows[:MBPP_EVAL_SIZE]
     raise ValueError(f"Unknown coding source {source!r}; expected one of {SOURCES}.")
+
+
+def single_agent_prompt(prompt: str, entry_point: str, *, helper: bool = True) -> str:
+    """The prompt of a single-agent baseline for a coding problem (``prompt``: the problem's code, e.g.
+    HumanEval's ``prompt`` field). ``helper=True``: write ``aux`` and the entry point, the two functions
+    the helper and main agents write; ``helper=False``: the entry point only, the reference's
+    single-agent baseline. Score the completions with
+    :func:`llm_envs.rewards.coding.coding_reward_func`, passing the problem's code as ``code_prompt``.
+
+    >>> text = single_agent_prompt("def add(a, b):\\n    pass\\n", "add")
+    >>> "def aux(...):" in text and "def add(a, b):" in text
+    True
+    """
+    for name, value in (("prompt", prompt), ("entry_point", entry_point)):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name} must be a non-empty str, got {value!r:.80}")
+    template = SINGLE_AGENT_HELPER_PROMPT if helper else SINGLE_AGENT_PROMPT
+    return template.format(prompt=prompt, entry_point=entry_point, params=entry_point_params(prompt, entry_point))
 
 
 def entry_point_params(prompt: str, entry_point: str) -> str:

@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 from llm_envs.core.registry import register
 from llm_envs.core.task import Context, Problem, Prompt, Response, Task
 from llm_envs.data import load_rows, package_data_file, seeded_split
-from llm_envs.rewards.writing import WRITING_COMPONENTS, arxiv_reward, tldr_reward
+from llm_envs.rewards.writing import PARAGRAPH_SPLIT, WRITING_COMPONENTS, arxiv_reward, tldr_reward
 
 MAX_SOURCE_WORDS = 300
 HUB_ROWS = 1000
@@ -126,6 +126,68 @@ TLDR_LENGTH_HINT = (
 ARXIV_LENGTH_HINT = (
     "each part must have 128-256 words, and the second part should be 1.3-1.6x as long (in characters) as the first"
 )
+
+
+# The single-agent GRPO baseline (reference: LLM_Collab_Writing/train_grpo.py): one model writes both
+# parts in one completion, separated by PARAGRAPH_SPLIT, scored by tldr_reward_func / arxiv_reward_func.
+SINGLE_AGENT_TLDR_PROMPT = """Please provide a summary of this Reddit post in exactly two paragraphs:
+
+{source}
+
+Instructions:
+- First paragraph: Provide a concise summary of the main points
+- Second paragraph: Expand on the summary with more details, using more unique vocabulary words, include as many \
+categories of transition words as possible to improve flow, and make it 2-3 times longer than the first paragraph in \
+terms of character count, while maintaining a consistent style
+
+IMPORTANT REQUIREMENTS - FOLLOW EXACTLY:
+- No paragraph should be less than 10 tokens or more than 200 tokens
+- Use EXACTLY this delimiter between paragraphs: {split}
+
+FORMAT:
+Paragraph 1: ...
+{split}
+Paragraph 2: ...
+"""
+
+SINGLE_AGENT_ARXIV_PROMPT = """Please provide an expanded introduction of this abstract text in exactly two \
+paragraphs with SAME LENGTH.
+
+{source}
+
+Instructions:
+- First paragraph: Provide the background and motivation for this research, include as many categories of \
+transition words as possible to improve flow.
+- Second paragraph: Provide the framework, method, contribution, and the implications of this research, using \
+same number of vocabulary words as the first paragraph, include as many categories of transition words as possible \
+to improve flow, maintaining a consistent style
+
+IMPORTANT: Separate the two paragraphs with exactly this delimiter: {split}
+
+FORMAT:
+Paragraph 1: ...
+{split}
+Paragraph 2: ...
+"""
+
+SINGLE_AGENT_PROMPTS = {"tldr": SINGLE_AGENT_TLDR_PROMPT, "arxiv": SINGLE_AGENT_ARXIV_PROMPT}
+
+
+def single_agent_prompt(source: str, variant: str = "tldr") -> str:
+    """The single-agent baseline's prompt: one model writes both parts of the text in one completion,
+    separated by ``[PARAGRAPH_SPLIT]`` (the reference's ``train_grpo.py`` prompts). ``variant``:
+    ``"tldr"`` (TLDR and XSum: a concise summary, then a longer one) or ``"arxiv"`` (background, then
+    method). Score the completions with :func:`llm_envs.rewards.writing.tldr_reward_func` /
+    ``arxiv_reward_func`` (TRL ``reward_funcs``).
+
+    >>> print(single_agent_prompt("The tide came in.").splitlines()[2])
+    The tide came in.
+    """
+    if variant not in SINGLE_AGENT_PROMPTS:
+        raise ValueError(f"variant must be one of {sorted(SINGLE_AGENT_PROMPTS)}, got {variant!r}")
+    if not isinstance(source, str) or not source.strip():
+        raise ValueError(f"source must be a non-empty str, got {source!r:.80}")
+    return SINGLE_AGENT_PROMPTS[variant].format(source=source.strip(), split=PARAGRAPH_SPLIT)
 
 
 def clip_words(text: str, max_words: int) -> str:
