@@ -960,6 +960,7 @@ class _Runner:
         self.worker: _Worker | _ForkedWorker | None = None
         self.restarts = 0
         self.load_error: str | None = None
+        self.load_timeout: str | None = None
         self.deadline = 0.0
         self.test_deadline = 0.0
         self.crashed = False
@@ -998,6 +999,9 @@ class _Runner:
     def _start_worker(self) -> None:
         if self.load_error is not None:
             raise ProgramError(f"the program failed to load: {self.load_error}")
+        if self.load_timeout is not None:
+            # Its top level ran out of time once: it would again, and a retry is no restart to count.
+            raise _TestTimeout(self.load_timeout)
         if self.restarts > self.limits.max_restarts:
             raise ProgramError("the program's process died too often")
         self.restarts += 1
@@ -1009,7 +1013,8 @@ class _Runner:
                 self.worker.kill()
                 self.worker = None
             if gone.kind == "timeout":
-                raise _TestTimeout(f"loading the program: {gone}") from None
+                self.load_timeout = f"loading the program: {gone}"
+                raise _TestTimeout(self.load_timeout) from None
             self.crashed = True
             raise ProgramError(f"loading the program: {gone}") from None
         if error is not None:

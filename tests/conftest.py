@@ -47,3 +47,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture
+def varied_writing_reward(monkeypatch):
+    """A random tiny model's text mostly scores 0 on the writing reward, and a batch of equal rewards
+    teaches nothing: this adds a small bonus per character, so that returns differ whatever was sampled
+    and a short training run always moves the adapters."""
+    from llm_envs.tasks.writing import WritingTask
+
+    real_reward = WritingTask.reward
+
+    def reward(self, problem, outputs):
+        total, components = real_reward(self, problem, outputs)
+        return total + 1e-3 * sum(len(text) for text in outputs.values()), components
+
+    monkeypatch.setattr(WritingTask, "reward", reward)

@@ -171,18 +171,7 @@ def adapter_state(run_dir) -> dict[str, dict[str, torch.Tensor]]:
     }
 
 
-def test_smoke_two_iterations(tiny_model_dir, tmp_path, monkeypatch):
-    from llm_envs.tasks.writing import WritingTask
-
-    # A random tiny model's text mostly scores 0 on the writing reward, and a batch of equal rewards
-    # teaches nothing: a small bonus per character makes the returns differ whatever was sampled.
-    real_reward = WritingTask.reward
-
-    def reward(self, problem, outputs):
-        total, components = real_reward(self, problem, outputs)
-        return total + 1e-3 * sum(len(text) for text in outputs.values()), components
-
-    monkeypatch.setattr(WritingTask, "reward", reward)
+def test_smoke_two_iterations(tiny_model_dir, tmp_path, varied_writing_reward):
     config = tiny_config(tiny_model_dir, tmp_path, tensorboard=True)
     result = magrpo.main(config)
     run_dir = config.run_dir()

@@ -33,7 +33,7 @@ class FakeWandb(types.ModuleType):
             self.columns, self.data = columns, data
 
 
-def test_magrpo_run_writes_eval_and_train_transcripts(tiny_model_dir, tmp_path, monkeypatch):
+def test_magrpo_run_writes_eval_and_train_transcripts(tiny_model_dir, tmp_path, monkeypatch, varied_writing_reward):
     fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     config = tiny_config(tiny_model_dir, tmp_path, num_eval_problems=2, eval_every=1, samples_every=2,
