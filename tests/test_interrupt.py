@@ -27,49 +27,18 @@ TIMING = (
 
 
 def magrpo_config(model_dir: str, tmp_path, name: str, **overrides) -> magrpo.Config:
-    settings = dict(
-        model=model_dir,
-        max_source_words=20,
-        num_iterations=3,
-        num_problems=2,
-        num_generations=2,
-        max_new_tokens=12,
-        learning_rate=1e-2,
-        lora_rank=4,
-        lora_alpha=8.0,
-        num_epochs=2,
-        num_eval_problems=1,
-        eval_every=1,
-        output_dir=str(tmp_path),
-        run_name=name,
-        checkpoint_every=0,
-        tensorboard=False,
-        progress=False,
-    )
-    settings.update(overrides)
-    return magrpo.Config(**settings)
+    from test_magrpo import tiny_config
+
+    settings = dict(num_iterations=3, max_new_tokens=12, baseline="mean", num_epochs=2, eval_every=1, run_name=name)
+    return tiny_config(model_dir, tmp_path, **{**settings, **overrides})
 
 
 def ppo_settings(model_dir: str, tmp_path, name: str) -> dict:
-    return dict(
-        model=model_dir,
-        num_iterations=3,
-        batch_size=4,
-        minibatch_size=2,
-        num_ppo_epochs=2,
-        min_new_tokens=3,
-        max_new_tokens=6,
-        learning_rate=1e-2,
-        lora_rank=4,
-        lora_alpha=8.0,
-        num_eval_problems=2,
-        eval_every=1,
-        output_dir=str(tmp_path),
-        run_name=name,
-        checkpoint_every=0,
-        tensorboard=False,
-        progress=False,
-    )
+    from test_ppo import tiny_ppo
+
+    settings = dataclasses.asdict(tiny_ppo(model_dir, tmp_path, num_iterations=3, eval_every=1, run_name=name))
+    settings.pop("env")  # each learner below names its own
+    return settings
 
 
 LEARNERS = {
