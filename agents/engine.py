@@ -141,10 +141,9 @@ class RolloutEngine:
         with torch.no_grad():
             if len(weights) == 1:
                 weight = weights[0].detach()
-            elif self.trainable_base:
-                weight = torch.cat([w.detach() for w in weights])
             else:
                 weight = torch.cat([w.detach() for w in weights])
+            if len(weights) > 1 and not self.trainable_base:
                 start = 0
                 for b, size in zip(bases, sizes):
                     b.weight.data = weight[start : start + size]  # a view: no second copy of the base

@@ -577,11 +577,9 @@ def update_agent(
                 # (ratio 1) is exact; later epochs need the ratio to the sampling-time policy, whose
                 # log-probs are the first epoch's own (the same forward; the decode-time log-probs
                 # differ from it by rounding in bf16, ~0.03 nats a token).
-                if epoch == 0:
+                old = first_epoch[(t, c.start)] if epoch > 0 else None
+                if epoch == 0 and config.num_epochs > 1:
                     first_epoch[(t, c.start)] = logprobs.detach()
-                    old = None
-                else:
-                    old = first_epoch[(t, c.start)]
                 adv = advantages[c, t].to(logprobs.device)
                 pg = policy_gradient_loss(
                     logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
