@@ -444,12 +444,12 @@ class Experience:
 def make_experience(
     policy: Any, model: str, gen: Any, scores: torch.Tensor, kl_coef: float, config: Config
 ) -> Experience:
-    """Score one agent's rollout: old log-probs and values (one forward with its adapter), reference
-    log-probs (adapters off, on the same prompt), per-token rewards, GAE."""
+    """Score one agent's rollout: old log-probs, values and reference log-probs (adapters off, on the
+    same prompt) in one pass (:meth:`MultiAgentPolicy.score`), per-token rewards, GAE."""
     args = (gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
-    temperature = config.scoring_temperature()
-    old_logprobs, old_values = policy.forward(model, *args, with_values=True, temperature=temperature)
-    ref_logprobs = policy.ref_logprobs(model, *args, temperature=temperature)
+    old_logprobs, old_values, ref_logprobs = policy.score(
+        model, *args, with_values=True, with_reference=True, temperature=config.scoring_temperature()
+    )
     mask = gen.response_mask.to(old_logprobs.device)
     rewards, kl = token_rewards(scores.to(old_logprobs.device), old_logprobs, ref_logprobs, mask, kl_coef)
     advantages, returns = gae(rewards, old_values, mask, config.gamma, config.lam)
