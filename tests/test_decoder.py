@@ -214,3 +214,78 @@ def test_blocks_must_cover_the_batch(tokenizer):
     ids = torch.randint(5, 100, (3, 6))
     with pytest.raises(ValueError, match="blocks cover 2 rows, the batch has 3"):
         policy.engine.hidden_states(ids, torch.ones_like(ids), [decoder_module.Block("main", 2)], torch.arange(6))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    ids = torch.randint(0, 50, (3, 5))
+    monkeypatch.setattr(decoder_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # 4 rows a chunk: 4 chunks of 15 rows
+    got = decoder_module.chosen_logprobs(hidden, weight, ids, temperature)
+    expected = torch.log_softmax(hidden @ weight.t() / temperature, -1).gather(-1, ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(got, expected.float())
+    upstream = torch.randn(3, 5, dtype=torch.float32)
+    (grad,) = torch.autograd.grad((got * upstream).sum(), hidden)
+    (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), hidden)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="frozen LM head"):
+        decoder_module.chosen_logprobs(hidden, weight.clone().requires_grad_(True), ids)
+
+
+def test_checkpointing_changes_memory_not_results(tokenizer):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer)
+    assert policy.gradient_checkpointing  # the default
+    with_checkpoints = loss_and_grads(policy, "main", batch)
+    policy.gradient_checkpointing = False
+    without = loss_and_grads(policy, "main", batch)
+    torch.testing.assert_close(with_checkpoints[0], without[0], atol=0, rtol=0)
+    for a, b in zip(with_checkpoints[2], without[2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # A checkpointed pass keeps only each layer's input, not its activations.
+    ids = torch.cat(batch[:3:2], dim=1)
+    mask = torch.cat([batch[1], batch[3]], dim=1)
+    saved = {}
+    for checkpoint in (False, True):
+        sizes = []
+
+        def pack(tensor, sizes=sizes):
+            sizes.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            policy.engine.hidden_states(ids, mask, [decoder_module.Block("main", len(ids))],
+                                        torch.arange(ids.shape[1]), checkpoint=checkpoint)
+        saved[checkpoint] = sum(sizes)
+    assert saved[True] * 3 < saved[False]
+
+
+def test_the_base_owns_its_weights_once_fused(tokenizer, tmp_path):
+    """Loaded from safetensors, the weights start as a mapping of the file; once the engine has fused
+    q/k/v and gate/up, no weight points into the file any more (so it costs its size once)."""
+    tiny_model(tokenizer).save_pretrained(tmp_path)
+    from agents.models import load_model
+
+    model = load_model(tmp_path, dtype=torch.float32)
+    policy = MultiAgentPolicy(model, tokenizer, AGENTS, lora=LoraSettings(rank=4))
+    policy.generate_joint({"main": (torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long))}, 1,
+                          max_new_tokens=2)
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    weights = policy.engine.causal_lm.state_dict()
+    pointers = {t.untyped_storage().data_ptr() for t in weights.values()}
+    assert len(pointers) < len(weights)  # q/k/v and gate/up share fused storages
+    mapped = [line for line in maps.splitlines() if str(tmp_path) in line]
+    assert not mapped, mapped
+
+
+def test_release_memory_runs():
+    from agents.memory import release_memory
+
+    assert release_memory() in (True, False)
+    if os.uname().sysname == "Linux":
+        import platform
+
+        if platform.libc_ver()[0] == "glibc":
+            assert release_memory() is True
