@@ -96,6 +96,23 @@ LoraStack = tuple[torch.Tensor, torch.Tensor]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def bucket_length(n: int) -> int:
+    """``n`` rounded up to a coarse grid: multiples of 16 up to 256 positions, then of 1/16th of the
+    power of two below (at most 12.5% more positions). Row lengths change with every batch; each new
+    shape costs a oneDNN primitive and leaves allocator fragments behind, and on a MAGRPO run the
+    resting RSS crept up by ~20 MB an iteration until shapes were bucketed (docs/agents.md)."""
+    step = max(16, 1 << max(0, n.bit_length() - 4))
+    return -(-n // step) * step
+
+
+def pad_left(ids: torch.Tensor, mask: torch.Tensor, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad (N, S) rows to ``width`` columns (masked pads: positions and results do not change)."""
+    extra = width - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    return F.pad(ids, (extra, 0), value=pad_id), F.pad(mask, (extra, 0), value=0)
+
+
 def _base(module: Any) -> Any:
     return module.base_layer if hasattr(module, "base_layer") else module
 

@@ -43,7 +43,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agents.decoder import SUPPORTED_MODEL_TYPES, Attend, Block, FusedDecoder, decoder_support
+from agents.decoder import (
+    SUPPORTED_MODEL_TYPES,
+    Attend,
+    Block,
+    FusedDecoder,
+    bucket_length,
+    decoder_support,
+    pad_left,
+)
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES", "TOP_P_CANDIDATES", "Block", "RolloutEngine", "engine_support", "row_seed",
@@ -102,6 +110,8 @@ class RolloutEngine(FusedDecoder):
         device = ids.device
         dtype = self.causal_lm.get_input_embeddings().weight.dtype
         weights = self._weights()
+        history = ids  # for the repetition penalty, as generate's input_ids (before the bucket's pads)
+        ids, mask = pad_left(ids, mask, bucket_length(ids.shape[1]), pad_token_id)
         g = num_samples
         n = len(ids) * g
         eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)), device=device)
@@ -153,7 +163,7 @@ class RolloutEngine(FusedDecoder):
         del pre_caches
         block_rows = [r for r, c in zip(row_blocks, pre_counts) if c > 0]
         last = last[sample_source]
-        history = ids.repeat_interleave(g, 0)  # for the repetition penalty, as generate's input_ids
+        history = history.repeat_interleave(g, 0)
         key_mask = torch.zeros(n, total, dtype=torch.bool, device=device)
         key_mask[:, :width] = mask.repeat_interleave(g, 0).bool()
         position = positions[:, -1][sample_source]  # (N,) position of each row's last token

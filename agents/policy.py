@@ -508,9 +508,12 @@ class MultiAgentPolicy:
         # Position P-1+t predicts response token t: the last prompt token predicts the first.
         keep = torch.arange(width - 1, width + length - 1, device=self.device)
         if self._fused():
-            from agents.decoder import Block, chosen_logprobs
+            from agents.decoder import Block, bucket_length, chosen_logprobs, pad_left
 
             rows = len(input_ids)
+            bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
+            keep = keep + (bucket - input_ids.shape[1])
+            input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, self.pad_token_id)
             blocks = [Block(adapter, rows)]
             if with_reference:
                 blocks.append(Block(None, rows))

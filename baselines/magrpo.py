@@ -125,11 +125,12 @@ class Config:
     micro_batch_size: int = 0
     """Responses per forward/backward in the update (gradient accumulation): the same gradient up to
     float rounding, with peak memory bounded by this many rows; 0 = all of a turn's rows at once."""
-    micro_batch_tokens: int = 512
+    micro_batch_tokens: int = 2048
     """Token budget of one forward/backward of the update: a turn's rows are split so that rows x
     (prompt + response columns) stays within it (at least one row per pass), which bounds the update's
     activation memory whatever the batch and prompt sizes; the gradient is the same up to float
-    rounding. 0 = no budget (see docs/agents.md for the memory it bounds)."""
+    rounding. 0 = no budget (see docs/agents.md for the memory it bounds and the measurements behind
+    the default)."""
 
     eval_every: int = 0
     """Evaluate every this many iterations (0: only before and after training)."""

@@ -289,3 +289,17 @@ def test_release_memory_runs():
 
         if platform.libc_ver()[0] == "glibc":
             assert release_memory() is True
+
+
+def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
+    lengths = {n: decoder_module.bucket_length(n) for n in (1, 16, 17, 140, 255, 256, 257, 300, 600, 4097)}
+    assert lengths == {1: 16, 16: 16, 17: 32, 140: 144, 255: 256, 256: 256, 257: 288, 300: 320, 600: 640,
+                       4097: 4352}
+    assert all(n <= b <= max(16, n * 1.125) for n, b in lengths.items())
+    assert len({decoder_module.bucket_length(n) for n in range(60, 200)}) == 9
+    policy = make_policy(tokenizer)
+    p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
+    padded = decoder_module.pad_left(p_ids, p_mask, p_ids.shape[1] + 21, tokenizer.pad_token_id)
+    assert padded[0].shape[1] == p_ids.shape[1] + 21 and padded[1][:, :21].sum() == 0
+    torch.testing.assert_close(policy.score("main", *padded, r_ids, r_mask)[0],
+                               policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)
