@@ -97,7 +97,7 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def bucket_length(n: int) -> int:
-    """``n`` rounded up to a coarse grid: multiples of 16 up to 256 positions, then of 1/16th of the
+    """``n`` rounded up to a coarse grid: multiples of 16 up to 256 positions, then of 1/8th of the
     power of two below (at most 12.5% more positions). Row lengths change with every batch; each new
     shape costs a oneDNN primitive and leaves allocator fragments behind, and on a MAGRPO run the
     resting RSS crept up by ~20 MB an iteration until shapes were bucketed (docs/agents.md)."""
