@@ -97,11 +97,11 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def bucket_length(n: int) -> int:
-    """``n`` rounded up to a coarse grid: multiples of 16 up to 256 positions, then of 1/8th of the
-    power of two below (at most 12.5% more positions). Row lengths change with every batch; each new
-    shape costs a oneDNN primitive and leaves allocator fragments behind, and on a MAGRPO run the
-    resting RSS crept up by ~20 MB an iteration until shapes were bucketed (docs/agents.md)."""
-    step = max(16, 1 << max(0, n.bit_length() - 4))
+    """``n`` rounded up to a coarse grid: to a multiple of 1/32nd of the largest power of two <= ``n``,
+    and at least of 8 (so at most ~6% more positions, and 32 shapes an octave). Row lengths change with every
+    batch; each new shape costs a oneDNN primitive and leaves allocator fragments behind, and on a MAGRPO
+    run the resting RSS crept up by ~20 MB an iteration until shapes were bucketed (docs/agents.md)."""
+    step = max(8, 1 << max(0, n.bit_length() - 6))
     return -(-n // step) * step
 
 

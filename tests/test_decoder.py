@@ -293,10 +293,10 @@ def test_release_memory_runs():
 
 def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
     lengths = {n: decoder_module.bucket_length(n) for n in (1, 16, 17, 140, 255, 256, 257, 300, 600, 4097)}
-    assert lengths == {1: 16, 16: 16, 17: 32, 140: 144, 255: 256, 256: 256, 257: 288, 300: 320, 600: 640,
-                       4097: 4608}
-    assert all(n <= b < n + max(16, n / 8) for n, b in lengths.items())
-    assert len({decoder_module.bucket_length(n) for n in range(60, 200)}) == 10  # 64, 80, ..., 208
+    assert lengths == {1: 8, 16: 16, 17: 24, 140: 144, 255: 256, 256: 256, 257: 264, 300: 304, 600: 608,
+                       4097: 4224}
+    assert all(n <= b < n + max(8, n / 32) for n, b in lengths.items())
+    assert len({decoder_module.bucket_length(n) for n in range(60, 200)}) == 18  # 64, 72, ..., 200
     policy = make_policy(tokenizer)
     p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
     padded = decoder_module.pad_left(p_ids, p_mask, p_ids.shape[1] + 21, tokenizer.pad_token_id)
