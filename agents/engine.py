@@ -2,8 +2,9 @@
 
 At RL batch sizes a decode step costs what reading the weights and launching its ops cost, not what
 its rows cost (docs/agents.md has the measurements): 8 rows cost what 4 cost. So the engine decodes
-the rows of *all* agents together, through one forward per step of a hand-written decoder for the
-Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) that needs few, large ops:
+the rows of *all* agents together, through one forward per step of the hand-written decoder for the
+Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) in :mod:`agents.decoder`, which needs
+few, large ops (the policy's scoring and training passes use the same decoder over whole rows):
 
 - the frozen base's q/k/v and gate/up projections run as one matmul each (their weights are laid
   out contiguously once, with no copy kept: the model's own weights become views of the fused ones);
