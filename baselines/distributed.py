@@ -59,6 +59,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from baselines.tensors import strip_left_padding
+
 Placement = Literal["data-parallel", "agent-per-device"]
 PLACEMENTS: tuple[str, ...] = ("data-parallel", "agent-per-device")
 T = TypeVar("T")
@@ -424,8 +426,6 @@ def generate_per_group(
     A group's samples are therefore the same whatever else is in the batch (what makes ranks of a
     data-parallel run agree with one process). Returns ``{agent: Generation}`` of all rows in order,
     prompts stripped of the columns that are padding in every row."""
-    from baselines.common import strip_left_padding
-
     rows = {len(pair[0]) for pair in prompts.values()}
     if len(rows) != 1:
         raise ValueError(f"every agent needs the same number of prompt rows, got {sorted(rows)}")

@@ -234,17 +234,13 @@ def main(config: Config) -> dict[str, float]:
     from tqdm.auto import tqdm
 
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.common import (
-        MetricLogger,
-        TrainerState,
-        check_run_dir,
-        evaluate,
-        plot_metrics,
-        probe_env,
-        save_checkpoint,
-        seed_everything,
-    )
-    from baselines.magrpo import discounted_returns, rollout, update_agent
+    from baselines.checkpoints import TrainerState, check_run_dir, save_checkpoint
+    from baselines.evaluation import evaluate
+    from baselines.metrics import MetricLogger
+    from baselines.play import probe_env, rollout
+    from baselines.plots import plot_metrics
+    from baselines.policy_gradient import discounted_returns, update_agent
+    from baselines.rng import seed_everything
     from llm_envs.core.vector import VectorEnv
 
     if config.threads is not None:
@@ -370,7 +366,7 @@ def main(config: Config) -> dict[str, float]:
 
 def summary(result: dict[str, Any]) -> str:
     """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.common import eval_table
+    from baselines.evaluation import eval_table
 
     lines = eval_table(result)
     if "reward/total" in result:

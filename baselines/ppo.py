@@ -248,7 +248,7 @@ def whiten(
     >>> whiten(torch.tensor([[1.0, 3.0, 7.0]]), torch.tensor([[1, 1, 0]]))
     tensor([[-0.7071,  0.7071,  0.0000]])
     """
-    from baselines.common import masked_mean
+    from baselines.tensors import masked_mean
 
     mask_f = mask.to(values.dtype)
     if across_ranks:
@@ -324,7 +324,7 @@ def token_rewards(
 
 
 def _token_mean(values: torch.Tensor, mask: torch.Tensor, denominator: float | None) -> torch.Tensor:
-    from baselines.common import masked_mean
+    from baselines.tensors import masked_mean
 
     if denominator is None:
         return masked_mean(values, mask)
@@ -590,22 +590,14 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     from tqdm.auto import tqdm
 
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines import distributed
-    from baselines.common import (
-        MetricLogger,
-        TrainerState,
-        check_run_dir,
-        evaluate,
-        interrupted,
-        make_vector_env,
-        play_episodes,
-        plot_metrics,
-        probe_env,
-        resume_checkpoint,
-        save_checkpoint,
-        seed_everything,
-    )
+    from baselines import distributed, evaluation, play
+    from baselines.checkpoints import TrainerState, check_run_dir, interrupted, resume_checkpoint, save_checkpoint
+    from baselines.metrics import MetricLogger
+    from baselines.play import probe_env
+    from baselines.plots import plot_metrics
+    from baselines.rng import seed_everything
     from baselines.samples import SampleWriter
+    from llm_envs.core.vector import make_vec
 
     learner = config.learner
     if config.threads is not None:
@@ -644,7 +636,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
-    venv = make_vector_env(
+    venv = make_vec(
         config.env,
         len(positions),
         max_new_tokens=config.max_new_tokens,
@@ -699,7 +691,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             distributed.barrier()
             return {}
         episodes: list[dict[str, Any]] = []
-        result = evaluate(
+        result = evaluation.evaluate(
             policy,
             config.env,
             num_problems=config.num_eval_problems,
@@ -764,7 +756,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
             seeds = [config.seed * 1_000_003 + iteration * config.batch_size + i for i in positions]
             options = [{"task_index": int(problems[i]), "split": "train"} for i in positions]
-            steps, returns, infos = play_episodes(
+            steps, returns, infos = play.play_episodes(
                 policy,
                 venv,
                 seeds=seeds,
@@ -879,7 +871,7 @@ def main(config: Config) -> dict[str, Any]:
 
 def summary(result: Mapping[str, Any]) -> str:
     """Closing lines of a run: eval before/after, per-model task reward and KL, where the plot is."""
-    from baselines.common import eval_table
+    from baselines.evaluation import eval_table
 
     lines = eval_table(result)
     for key in sorted(k for k in result if k.endswith("/task_reward")):

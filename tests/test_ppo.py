@@ -16,8 +16,9 @@ import torch
 from test_magrpo import adapter_state
 
 from baselines import ppo
+from baselines.checkpoints import find_checkpoint
 from baselines.cli import main as cli
-from baselines.common import SequentialVectorEnv, find_checkpoint, read_metrics
+from baselines.metrics import read_metrics
 from baselines.ppo import (
     AdaptiveKLController,
     Config,
@@ -28,6 +29,7 @@ from baselines.ppo import (
     token_rewards,
     whiten,
 )
+from llm_envs.core.vector import SequentialVectorEnv
 
 
 # ----------------------------------------------------------------------------------------- math
