@@ -27,11 +27,13 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.distributed import PLACEMENTS
 from baselines.play import rollout
 from baselines.policy_gradient import Aggregation, Baseline, discounted_returns, group_advantages, update_agent
 
@@ -39,21 +41,13 @@ LEARNER = "magrpo"
 
 
 @dataclass
-class Config:
-    """MAGRPO settings. Every field is a ``--flag`` of ``llm-envs train magrpo``."""
+class Config(LearnerConfig):
+    """MAGRPO settings: the shared ones (baselines/config.py) and MAGRPO's own. Every field is a
+    ``--flag`` of ``llm-envs train magrpo``."""
 
-    env: str = "writing/xsum-v0"
-    """Registered env id (``llm-envs list``); must use the parallel protocol."""
-    model: str | None = None
-    """HF model id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
-    max_source_words: int | None = None
-    """Writing envs: cut source documents to this many words (shorter prompts, faster on CPU)."""
-    data_path: str | None = None
-    """Local copy of a hub dataset for envs that take ``data_path``."""
-    num_turns: int = 1
-    """Turns per episode; after each turn the task's feedback goes into the next prompts."""
-    seed: int = 0
-    """Seeds python, numpy, torch and the envs."""
+    learner: ClassVar[str] = LEARNER
+    resumable_fields: ClassVar[tuple[str, ...]] = (*LearnerConfig.resumable_fields, "placement")
+
     rollout: Literal["linear", "tree"] = "linear"
     """linear: G episodes per problem, sample g of every agent forms joint g, each episode continues
     on its own; responses per problem and agent: G * T. tree (the reference's): every joint action of
@@ -67,44 +61,14 @@ class Config:
     termination_threshold: float | None = None
     """Tree rollouts: a node whose mean joint reward exceeds this expands no further (the reference's
     early termination; its default is -0.2). Unset: every node expands until the last turn."""
-    transition: str | None = None
-    """What agents see on later turns (an env argument, llm_envs/transitions.py): unset for the task's
-    feedback; level-feedback, plain (self-revision), module:function, or expert (a second model,
-    --expert-model, writes edit suggestions into the next prompts; its cost is logged)."""
-    expert_model: str | None = None
-    """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
-    expert_max_new_tokens: int = 64
-    """Longest suggestion of the --transition expert model."""
     grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
     """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
     samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
     auto: agent-turn for trees, problem-turn for linear rollouts."""
-
-    num_iterations: int = 100
-    """Training iterations (one batch of rollouts and one update per agent each)."""
     num_problems: int = 2
     """B: problems per iteration."""
     num_generations: int = 4
     """G: envs (joint samples) per problem; the group for the advantage baseline."""
-    max_new_tokens: int = 64
-    """Response length of every agent (the env's action length)."""
-    temperature: float = 0.7
-    """Sampling temperature."""
-    top_p: float = 0.9
-    """Nucleus sampling mass."""
-    top_k: int = 50
-    """Top-k sampling; 0 disables it."""
-    logprob_temperature: Literal["raw", "sampling"] = "raw"
-    """Temperature of the log-probs the loss uses: ``raw`` (1: the untempered policy, as the reference
-    trainers score) or ``sampling`` (the sampling ``temperature``: the tempered distribution, as TRL's
-    GRPO scores); the same at generation, in the update and for the reference (docs/magrpo.md)."""
-
-    learning_rate: float = 5e-5
-    """AdamW learning rate of every agent's adapter."""
-    lora_rank: int = 16
-    """LoRA rank of each agent's adapter."""
-    lora_alpha: float = 32.0
-    """LoRA alpha (the update is scaled by alpha / rank)."""
     baseline: Baseline = "mean"
     """Group baseline subtracted from each return: mean, rloo (mean of the others), max, none."""
     normalize_std: bool = False
@@ -114,14 +78,8 @@ class Config:
     reference), mean over responses."""
     num_epochs: int = 1
     """Updates per batch; above 1 the ratio to the sampling policy is clipped (PPO-style)."""
-    clip_eps: float = 0.2
-    """Ratio clip range when num_epochs > 1."""
     kl_coef: float = 0.0
     """Weight of the per-token KL (k3 estimator) to the reference policy; 0 skips the reference forward."""
-    gamma: float = 0.9
-    """Discount of later turns' rewards in the returns (multi-turn)."""
-    max_grad_norm: float = 1.0
-    """Clip each agent's gradient norm; 0 disables clipping."""
     micro_batch_size: int = 0
     """Responses per forward/backward in the update (gradient accumulation): the same gradient up to
     float rounding, with peak memory bounded by this many rows; 0 = all of a turn's rows at once."""
@@ -130,43 +88,6 @@ class Config:
     (prompt + response columns) stays within it (at least one row per pass), which bounds the update's
     activation memory whatever the batch and prompt sizes; the gradient is the same up to float
     rounding. 0 = no budget (see docs/agents.md for the memory it bounds)."""
-
-    eval_every: int = 0
-    """Evaluate every this many iterations (0: only before and after training)."""
-    num_eval_problems: int = 8
-    """Eval-split problems per evaluation (0 disables evaluation)."""
-    eval_greedy: bool = True
-    """Greedy decoding at evaluation (else the training sampling settings)."""
-    samples_every: int = 10
-    """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
-    (0: none); every evaluation writes all its episodes there."""
-
-    output_dir: str = "runs"
-    """Where run directories go."""
-    run_name: str | None = None
-    """Run directory name; default ``magrpo__<env>__s<seed>``."""
-    checkpoint_every: int = 10
-    """Save a checkpoint every this many iterations (0: only at the end and on Ctrl-C)."""
-    resume: bool = False
-    """Continue the run in ``output_dir/run_name`` from its latest checkpoint."""
-    overwrite: bool = False
-    """Start afresh in a run directory that already holds checkpoints (deletes them)."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files (``<run>/tb``)."""
-    wandb_project: str | None = None
-    """Log to this Weights & Biases project (needs ``wandb``; imported only when set)."""
-    progress: bool = True
-    """Show a progress bar with the live reward."""
-    device: str | None = None
-    """torch device; unset picks a GPU when present."""
-    dtype: str | None = None
-    """Base model dtype: unset = bfloat16 on a GPU or on a CPU with native bf16 (avx512_bf16 / AMX), else
-    float32 (``agents.models.resolve_dtype``); adapters, value heads and optimizer states stay float32."""
-    backend: Literal["auto", "engine", "generate"] = "auto"
-    """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
-    else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""
-    threads: int | None = None
-    """torch CPU threads (unset: torch's default)."""
     placement: Literal["data-parallel", "agent-per-device"] = "data-parallel"
     """With several accelerators: ``data-parallel`` (every process holds all agents on one device) or
     ``agent-per-device`` (each agent on its own device, the reference layout; needs CUDA). See
@@ -177,75 +98,23 @@ class Config:
     processes (torchrun / accelerate launch), off with one (one batched generate per turn)."""
 
     def __post_init__(self) -> None:
-        positive = (
-            "num_turns",
-            "num_iterations",
-            "num_problems",
-            "num_generations",
-            "max_new_tokens",
-            "lora_rank",
-            "num_epochs",
-            "expert_max_new_tokens",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        nonnegative = ("eval_every", "num_eval_problems", "checkpoint_every", "top_k", "micro_batch_size",
-                       "micro_batch_tokens", "samples_every")
-        for name in nonnegative:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        if self.max_source_words is not None and (
-            not isinstance(self.max_source_words, int) or self.max_source_words < 1
-        ):
-            raise ValueError(f"max_source_words must be a positive int or None, got {self.max_source_words!r}")
+        super().__post_init__()
+        check_ints(self, {"num_problems": 1, "num_generations": 1, "num_epochs": 1, "micro_batch_size": 0,
+                          "micro_batch_tokens": 0})
+        check_choice(self, "baseline", ("mean", "rloo", "max", "none"))
         if self.num_generations < 2 and self.baseline != "none":
             raise ValueError(
                 f"num_generations={self.num_generations} leaves a group of one: baseline={self.baseline!r} "
                 "would make every advantage 0. Use num_generations >= 2 or baseline='none'."
             )
-        if self.baseline not in ("mean", "rloo", "max", "none"):
-            raise ValueError(f"baseline must be 'mean', 'rloo', 'max' or 'none', got {self.baseline!r}")
-        if self.loss_aggregation not in ("token-mean", "sequence-sum"):
-            raise ValueError(f"loss_aggregation must be 'token-mean' or 'sequence-sum', got {self.loss_aggregation!r}")
-        checks = {
-            "temperature": self.temperature > 0,
-            "top_p": 0 < self.top_p <= 1,
-            "learning_rate": self.learning_rate > 0,
-            "lora_alpha": self.lora_alpha > 0,
-            "clip_eps": 0 < self.clip_eps < 1,
-            "kl_coef": self.kl_coef >= 0,
-            "gamma": 0 <= self.gamma <= 1,
-            "max_grad_norm": self.max_grad_norm >= 0,
-        }
-        ranges = {
-            "temperature": "> 0",
-            "top_p": "in (0, 1]",
-            "learning_rate": "> 0",
-            "lora_alpha": "> 0",
-            "clip_eps": "in (0, 1)",
-            "kl_coef": ">= 0",
-            "gamma": "in [0, 1]",
-            "max_grad_norm": ">= 0",
-        }
-        for name, ok in checks.items():
-            value = getattr(self, name)
-            if not ok or not math.isfinite(value):
-                raise ValueError(f"{name} must be {ranges[name]}, got {value!r}")
-        from baselines.distributed import PLACEMENTS
-
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {list(PLACEMENTS)}, got {self.placement!r}")
+        check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
+        check_ranges(self, {"kl_coef": (self.kl_coef >= 0, ">= 0")})
+        check_choice(self, "placement", PLACEMENTS)
         if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
             raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
-        if self.rollout not in ("linear", "tree"):
-            raise ValueError(f"rollout must be 'linear' or 'tree', got {self.rollout!r}")
-        if self.joint_mode not in ("aligned", "cross"):
-            raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
-        if self.grouping not in ("auto", "agent-turn", "problem-turn"):
-            raise ValueError(f"grouping must be 'auto', 'agent-turn' or 'problem-turn', got {self.grouping!r}")
+        check_choice(self, "rollout", ("linear", "tree"))
+        check_choice(self, "joint_mode", ("aligned", "cross"))
+        check_choice(self, "grouping", ("auto", "agent-turn", "problem-turn"))
         if self.termination_threshold is not None and (
             isinstance(self.termination_threshold, bool)
             or not isinstance(self.termination_threshold, (int, float))
@@ -269,12 +138,24 @@ class Config:
                 raise ValueError(
                     f"termination_threshold={self.termination_threshold!r} prunes tree branches; use rollout='tree'"
                 )
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
 
-    def scoring_temperature(self) -> float:
-        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
-        return self.temperature if self.logprob_temperature == "sampling" else 1.0
+    def check_processes(self, world_size: int) -> None:
+        """Seeds per problem, linear rollouts and at least one problem per process."""
+        if world_size > 1 and self.seed_per_problem is False:
+            raise ValueError(
+                f"seed_per_problem=False with {world_size} processes: each process would sample its share "
+                "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
+            )
+        if world_size > 1 and self.uses_tree():
+            raise ValueError(
+                f"rollout={self.rollout!r}, joint_mode={self.joint_mode!r} runs in one process only (tree levels "
+                f"differ in size between processes); got {world_size} processes"
+            )
+        if self.num_problems < world_size:
+            raise ValueError(
+                f"num_problems={self.num_problems} cannot be shared among {world_size} processes; every "
+                f"process needs at least one problem per iteration (num_problems >= {world_size})"
+            )
 
     def resolved_grouping(self) -> str:
         """The advantage grouping in force (``auto`` resolved)."""
@@ -286,51 +167,6 @@ class Config:
         """Whether this run plays tree rollouts (baselines/tree.py): a tree, or cross joint sampling."""
         return self.rollout == "tree" or self.joint_mode == "cross"
 
-    def env_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"num_turns": self.num_turns}
-        if self.model is not None:
-            kwargs["tokenizer"] = self.model  # the env must speak the model's token ids
-        if self.max_source_words is not None:
-            kwargs["max_source_words"] = self.max_source_words
-        if self.data_path is not None:
-            kwargs["data_path"] = self.data_path
-        if self.transition is not None and self.transition != "expert":
-            kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
-        return kwargs
-
-    def build_env_kwargs(self) -> dict[str, Any]:
-        """:meth:`env_kwargs` with the ``--transition expert`` model loaded (agents.ExpertTransition)."""
-        kwargs = self.env_kwargs()
-        if self.transition == "expert":
-            from agents import ExpertTransition
-
-            kwargs["transition"] = ExpertTransition(
-                self.expert_model, max_new_tokens=self.expert_max_new_tokens, device=self.device
-            )
-        return kwargs
-
-    def run_dir(self) -> Path:
-        name = self.run_name or f"{LEARNER}__{self.env.replace('/', '_')}__s{self.seed}"
-        return Path(self.output_dir) / name
-
-
-# Fields that may change when a run is resumed (they do not change what is computed).
-RESUMABLE_FIELDS = (
-    "num_iterations",
-    "backend",
-    "resume",
-    "progress",
-    "tensorboard",
-    "wandb_project",
-    "checkpoint_every",
-    "eval_every",
-    "samples_every",
-    "device",
-    "threads",
-    "output_dir",
-    "run_name",
-    "placement",
-)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "demo": dict(
@@ -438,7 +274,7 @@ def main(config: Config) -> dict[str, float]:
             policy=policy,
             optimizers=optimizers,
             rng=rng,
-            ignore=RESUMABLE_FIELDS,
+            ignore=config.resumable_fields,
         )
         start, extra = int(trainer["step"]), dict(trainer["extra"])
     all_params = [p for a in agents for p in policy.parameters(a)]

@@ -22,35 +22,38 @@ CORY (:mod:`baselines.cory`) is this learner with two models that swap roles.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+
+from baselines.config import LearnerConfig, check_ints, check_ranges
 
 LEARNER = "ppo"
 
 
 @dataclass
-class Config:
-    """PPO settings. Every field is a ``--flag`` of ``llm-envs train ppo``."""
+class Config(LearnerConfig):
+    """PPO settings: the shared ones (baselines/config.py) and PPO's own. Every field is a ``--flag``
+    of ``llm-envs train ppo``."""
 
     learner: ClassVar[str] = LEARNER
 
+    # PPO's defaults of shared fields (the CORY paper's IMDB settings; docs/ppo.md says where we differ).
     env: str = "sentiment/imdb-v0"
-    """Registered env id (``llm-envs list``); single-turn, parallel or sequential protocol."""
-    model: str | None = None
-    """HF model id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
-    data_path: str | None = None
-    """Local copy of a hub dataset for envs that take ``data_path``."""
-    seed: int = 0
-    """Seeds python, numpy, torch and the envs."""
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    learning_rate: float = 1e-4
+    gamma: float = 1.0
+    num_eval_problems: int = 16
 
-    num_iterations: int = 100
-    """Training iterations (one batch of episodes and one PPO update per agent each)."""
     batch_size: int = 16
     """Episodes per iteration (the paper: 256)."""
     minibatch_size: int = 16
@@ -60,29 +63,9 @@ class Config:
     min_new_tokens: int = 4
     """Shortest response length; one length in [min_new_tokens, max_new_tokens] is drawn per batch and
     shared by every agent (IMDB in the paper: 4-16). Set both equal for a fixed length."""
-    max_new_tokens: int = 16
-    """Longest response length (the env's action length)."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (the paper: 1.0)."""
-    top_k: int = 0
-    """Top-k sampling; 0 disables it (the paper: 0)."""
-    logprob_temperature: Literal["raw", "sampling"] = "raw"
-    """Temperature of the log-probs the loss uses: ``raw`` (1: the untempered policy, as the reference
-    trainers score) or ``sampling`` (the sampling ``temperature``: the tempered distribution, as TRL's
-    GRPO scores); the same at generation, in the update and for the reference (docs/magrpo.md)."""
     repetition_penalty: float = 1.0
     """Repetition penalty while sampling (the CORY code: 1.1). It changes what is sampled, not the
     log-probs PPO uses, so above 1 rollouts are slightly off-policy."""
-
-    learning_rate: float = 1e-4
-    """AdamW learning rate of each agent's adapter and value head (the paper fully fine-tunes GPT-2 at
-    1.41e-5; a LoRA adapter needs a larger step)."""
-    lora_rank: int = 16
-    """LoRA rank of each agent's adapter."""
-    lora_alpha: float = 32.0
-    """LoRA alpha (the update is scaled by alpha / rank)."""
     init_kl_coef: float = 0.3
     """Initial weight of the per-token KL penalty to the reference (the paper: 0.3)."""
     adaptive_kl: bool = True
@@ -91,82 +74,25 @@ class Config:
     """Target KL (summed over a response, nats) of the adaptive controller."""
     kl_horizon: int = 10000
     """Horizon (in episodes) of the adaptive controller."""
-    gamma: float = 1.0
-    """Discount over response tokens."""
     lam: float = 0.95
     """GAE lambda."""
-    clip_eps: float = 0.2
-    """Policy ratio clip range."""
     clip_value: float = 0.2
     """Value clip range (around the rollout's values)."""
     vf_coef: float = 0.1
     """Weight of the value loss."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the batch's response tokens."""
-    max_grad_norm: float = 1.0
-    """Clip each agent's gradient norm; 0 disables clipping."""
     eta: float = 0.01
     """Weight of the KL in the logged combined metric ``r - eta * KL`` (logging only)."""
-
-    eval_every: int = 0
-    """Evaluate every this many iterations (0: only before and after training)."""
-    num_eval_problems: int = 16
-    """Eval-split problems per evaluation (0 disables evaluation)."""
-    eval_greedy: bool = True
-    """Greedy decoding at evaluation (else the training sampling settings)."""
-    samples_every: int = 10
-    """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
-    (0: none); every evaluation writes all its episodes there."""
-
-    output_dir: str = "runs"
-    """Where run directories go."""
-    run_name: str | None = None
-    """Run directory name; default ``<learner>__<env>__s<seed>``."""
-    checkpoint_every: int = 10
-    """Save a checkpoint every this many iterations (0: only at the end and on Ctrl-C)."""
-    resume: bool = False
-    """Continue the run in ``output_dir/run_name`` from its latest checkpoint."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files (``<run>/tb``)."""
-    wandb_project: str | None = None
-    """Log to this Weights & Biases project (needs ``wandb``; imported only when set)."""
-    progress: bool = True
-    """Show a progress bar with the live reward."""
-    device: str | None = None
-    """torch device; unset picks a GPU when present."""
-    dtype: str | None = None
-    """Base model dtype: unset = bfloat16 on a GPU or on a CPU with native bf16 (avx512_bf16 / AMX), else
-    float32 (``agents.models.resolve_dtype``); adapters, value heads and optimizer states stay float32."""
-    backend: Literal["auto", "engine", "generate"] = "auto"
-    """Generation backend: ``auto`` (the rollout engine, agents/engine.py, when it supports the model,
-    else transformers' ``generate``), ``engine`` or ``generate``; see docs/agents.md."""
-    threads: int | None = None
-    """torch CPU threads (unset: torch's default)."""
     seed_per_episode: bool | None = None
     """Sample each episode on its own from a seed of (seed, iteration, episode position), so that the
     samples do not depend on how episodes are split across processes. Unset: on with several
     processes (torchrun / accelerate launch), off with one (one batched generate per step)."""
 
     def __post_init__(self) -> None:
-        ints = {
-            "num_iterations": 1,
-            "batch_size": 1,
-            "minibatch_size": 1,
-            "num_ppo_epochs": 1,
-            "min_new_tokens": 1,
-            "max_new_tokens": 1,
-            "lora_rank": 1,
-            "kl_horizon": 1,
-            "top_k": 0,
-            "eval_every": 0,
-            "num_eval_problems": 0,
-            "checkpoint_every": 0,
-            "samples_every": 0,
-        }
-        for name, low in ints.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        super().__post_init__()
+        check_ints(self, {"batch_size": 1, "minibatch_size": 1, "num_ppo_epochs": 1, "min_new_tokens": 1,
+                          "kl_horizon": 1})
         if self.batch_size % self.minibatch_size:
             raise ValueError(
                 f"minibatch_size must divide batch_size, got batch_size={self.batch_size!r} and "
@@ -176,64 +102,30 @@ class Config:
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens!r}) must be <= max_new_tokens ({self.max_new_tokens!r})"
             )
-        ranges: dict[str, tuple[bool, str]] = {
-            "temperature": (self.temperature > 0, "> 0"),
-            "top_p": (0 < self.top_p <= 1, "in (0, 1]"),
+        check_ranges(self, {
             "repetition_penalty": (self.repetition_penalty > 0, "> 0"),
-            "learning_rate": (self.learning_rate > 0, "> 0"),
-            "lora_alpha": (self.lora_alpha > 0, "> 0"),
             "init_kl_coef": (self.init_kl_coef >= 0, ">= 0"),
             "kl_target": (self.kl_target > 0, "> 0"),
-            "gamma": (0 <= self.gamma <= 1, "in [0, 1]"),
             "lam": (0 <= self.lam <= 1, "in [0, 1]"),
-            "clip_eps": (0 < self.clip_eps < 1, "in (0, 1)"),
             "clip_value": (self.clip_value > 0, "> 0"),
             "vf_coef": (self.vf_coef >= 0, ">= 0"),
-            "max_grad_norm": (self.max_grad_norm >= 0, ">= 0"),
             "eta": (self.eta >= 0, ">= 0"),
-        }
-        for name, (ok, wanted) in ranges.items():
-            value = getattr(self, name)
-            if not ok or not math.isfinite(value):
-                raise ValueError(f"{name} must be {wanted}, got {value!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
-            raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
+        })
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
 
-    def scoring_temperature(self) -> float:
-        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
-        return self.temperature if self.logprob_temperature == "sampling" else 1.0
-
-    def env_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
-        if self.model is not None:
-            kwargs["tokenizer"] = self.model  # the env must speak the model's token ids
-        if self.data_path is not None:
-            kwargs["data_path"] = self.data_path
-        return kwargs
-
-    def run_dir(self) -> Path:
-        name = self.run_name or f"{self.learner}__{self.env.replace('/', '_')}__s{self.seed}"
-        return Path(self.output_dir) / name
-
-
-RESUMABLE_FIELDS = (
-    "num_iterations",
-    "backend",
-    "resume",
-    "progress",
-    "tensorboard",
-    "wandb_project",
-    "checkpoint_every",
-    "eval_every",
-    "samples_every",
-    "device",
-    "threads",
-    "output_dir",
-    "run_name",
-)
-"""Fields that may change when a run is resumed (they do not change what is computed)."""
+    def check_processes(self, world_size: int) -> None:
+        """Seeds per episode and at least one episode per process."""
+        if world_size > 1 and self.seed_per_episode is False:
+            raise ValueError(
+                f"seed_per_episode=False with {world_size} processes: each process would sample its share "
+                "from its own global RNG stream; leave --seed-per-episode unset (or True) for data-parallel runs"
+            )
+        if self.batch_size < world_size:
+            raise ValueError(
+                f"batch_size={self.batch_size} cannot be shared among {world_size} processes; every "
+                f"process needs at least one episode per iteration (batch_size >= {world_size})"
+            )
 
 
 # ----------------------------------------------------------------------------------------- math
@@ -616,11 +508,14 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             f"process needs at least one episode per iteration (batch_size >= {info.world_size})"
         )
     run_dir = config.run_dir()
-    check_run_dir(run_dir, resume=config.resume)
+    check_run_dir(run_dir, resume=config.resume, overwrite=config.overwrite)
     distributed.barrier()  # every rank has checked the directory before rank 0 writes to it
+    if not config.resume and config.overwrite and main_rank and (run_dir / "checkpoints").exists():
+        shutil.rmtree(run_dir / "checkpoints")
     rng = seed_everything(config.seed)
     positions = distributed.shard(range(config.batch_size))  # this rank's episodes of each batch
-    roles, num_turns = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
+    env_kwargs = config.build_env_kwargs()
+    roles, num_turns = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     if num_turns != 1:
         raise ValueError(f"{learner} trains single-turn episodes; {config.env} has num_turns={num_turns}")
     models = list(roles if models is None else models)
@@ -641,7 +536,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         len(positions),
         max_new_tokens=config.max_new_tokens,
         stop_token_ids=list(policy.eos_token_ids),
-        **config.env_kwargs(),
+        **env_kwargs,
     )
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in models}
@@ -656,7 +551,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             policy=policy,
             optimizers=optimizers,
             rng=rng,
-            ignore=RESUMABLE_FIELDS,
+            ignore=config.resumable_fields,
         )
         start, extra = int(trainer["step"]), dict(trainer["extra"])
         for m, value in extra["kl_coef"].items():
@@ -701,7 +596,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             top_k=config.top_k,
             greedy=config.eval_greedy,
             seed=config.seed,
-            env_kwargs=config.env_kwargs(),
+            env_kwargs=env_kwargs,
             adapters=assign(max(step - 1, 0)),
             episodes=episodes,
         )
