@@ -17,25 +17,32 @@ Run it::
 
     llm-envs train magrpo --env writing/xsum-v0 --num-iterations 100
     llm-envs train magrpo --preset demo          # the README's demo: ~10 minutes on 2 CPU cores
+
+The math of steps 3-5 (``discounted_returns``, ``group_advantages``, ``policy_gradient_loss``) and
+``update_agent`` are in :mod:`baselines.policy_gradient`, shared with the tree rollouts
+(:mod:`baselines.tree`) and MAAC's actors; the rollout in :mod:`baselines.play`; the run around the
+loop (directory, logs, evaluations, checkpoints, Ctrl-C) in :mod:`baselines.run`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
+from baselines import distributed, tree
 from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.distributed import PLACEMENTS
-from baselines.play import rollout
+from baselines.metrics import reward_metrics
+from baselines.play import Turn, probe_env, rollout
 from baselines.policy_gradient import Aggregation, Baseline, discounted_returns, group_advantages, update_agent
+from baselines.run import Run, mean_over_agents
+from llm_envs.core.vector import VectorEnv
 
 LEARNER = "magrpo"
 
@@ -189,6 +196,28 @@ PRESETS: dict[str, dict[str, Any]] = {
 """Named settings for ``--preset``; flags given on the command line override them."""
 
 
+# ----------------------------------------------------------------------------------------- a linear batch
+def grouped_advantages(returns: torch.Tensor, num_groups: int, config: Config) -> torch.Tensor:
+    """Advantages of a linear batch: (N, turns) returns -> (N, turns), one group per problem and turn.
+    Rows are problem-major (``b * G + g``), so group b holds rows ``b*G .. b*G + G - 1``; a group never
+    straddles processes (problems are sharded whole), so this is local to each one."""
+    turns = returns.shape[1]
+    grouped = returns.T.reshape(turns, num_groups, config.num_generations)  # (turns, B, G)
+    adv = torch.stack([group_advantages(x, config.baseline, config.normalize_std) for x in grouped])
+    return adv.reshape(turns, -1).T
+
+
+def agent_metrics(agent: str, turns: list[Turn], advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, float]:
+    """Response length, mean |advantage| and first-turn return of ``agent`` over every process's rows."""
+    lengths = torch.cat([turn.responses[agent].response_lengths.float().cpu() for turn in turns])
+    rows = distributed.gather_rows({"lengths": lengths, "adv": advantages, "returns": returns})
+    return {
+        f"agent_{agent}/response_tokens": float(rows["lengths"].mean()),
+        f"agent_{agent}/advantage_abs": float(rows["adv"].abs().mean()),
+        f"agent_{agent}/return": float(rows["returns"][:, 0].mean()),
+    }
+
+
 # ----------------------------------------------------------------------------------------- main
 def main(config: Config) -> dict[str, float]:
     """Train MAGRPO; returns the final metrics (the last iteration's, plus ``eval/*`` before and after
@@ -198,268 +227,92 @@ def main(config: Config) -> dict[str, float]:
     iteration's problems and the gradients are summed over processes (baselines/distributed.py); only
     rank 0 evaluates, logs, plots and writes checkpoints, so ``eval*`` and ``plot`` are in rank 0's
     result only."""
-    from tqdm.auto import tqdm
-
     from agents import ExpertTransition, LoraSettings
-    from baselines import distributed, evaluation
-    from baselines.checkpoints import TrainerState, check_run_dir, interrupted, resume_checkpoint, save_checkpoint
-    from baselines.metrics import MetricLogger
-    from baselines.play import probe_env
-    from baselines.plots import plot_metrics
-    from baselines.rng import seed_everything
-    from baselines.samples import SampleWriter
-    from llm_envs.core.vector import VectorEnv
 
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    info = distributed.init_from_env()
-    main_rank = info.is_main
-    per_problem = info.distributed if config.seed_per_problem is None else config.seed_per_problem
-    if info.distributed and not per_problem:
-        raise ValueError(
-            f"seed_per_problem=False with {info.world_size} processes: each process would sample its share "
-            "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
-        )
-    if info.distributed and config.uses_tree():
-        raise ValueError(
-            f"rollout={config.rollout!r}, joint_mode={config.joint_mode!r} runs in one process only (tree levels "
-            f"differ in size between processes); got {info.world_size} processes"
-        )
-    if config.num_problems < info.world_size:
-        raise ValueError(
-            f"num_problems={config.num_problems} cannot be shared among {info.world_size} processes; every "
-            f"process needs at least one problem per iteration (num_problems >= {info.world_size})"
-        )
-    run_dir = config.run_dir()
-    check_run_dir(run_dir, resume=config.resume, overwrite=config.overwrite)  # before loading a model
-    # Every rank has checked the directory before rank 0 changes it.
-    distributed.barrier()
-    if not config.resume and config.overwrite and main_rank and (run_dir / "checkpoints").exists():
-        shutil.rmtree(run_dir / "checkpoints")
-    rng = seed_everything(config.seed)
+    run = Run.begin(config)  # threads, processes, run directory, seeds
+    per_problem = run.info.distributed if config.seed_per_problem is None else config.seed_per_problem
     positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
-    n_envs = config.num_problems * config.num_generations
-    n_local = len(positions) * config.num_generations
+    b_local, g = len(positions), config.num_generations
+    n_envs = config.num_problems * g
     env_kwargs = config.build_env_kwargs()
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
-    devices = distributed.device_for(config.placement, agents, info, config.device)
     policy = distributed.build_policy(
         agents,
         config.model,
-        devices,
+        distributed.device_for(config.placement, agents, run.info, config.device),
         dtype=config.dtype,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
-        # PEFT's mixed-adapter batches measured 4.5x slower than one generate call per agent on CPU.
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
         backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
-    venv = VectorEnv(
-        config.env,
-        n_local,
-        max_new_tokens=config.max_new_tokens,
-        stop_token_ids=list(policy.eos_token_ids),
-        **env_kwargs,
-    )
+    venv = VectorEnv(config.env, b_local * g, max_new_tokens=config.max_new_tokens,
+                     stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
-
-    start = 0
-    extra: dict[str, Any] = {}
-    if config.resume:
-        trainer = resume_checkpoint(
-            run_dir,
-            learner=LEARNER,
-            config=config,
-            policy=policy,
-            optimizers=optimizers,
-            rng=rng,
-            ignore=config.resumable_fields,
-        )
-        start, extra = int(trainer["step"]), dict(trainer["extra"])
-    all_params = [p for a in agents for p in policy.parameters(a)]
-    distributed.broadcast_params(all_params)  # identical replicas whatever each rank's RNG did
-    logger = None
-    if main_rank:
-        logger = MetricLogger(
-            run_dir,
-            tensorboard=config.tensorboard,
-            wandb_project=config.wandb_project,
-            config=config,
-            resume_step=start if config.resume else None,
-        )
-
-    samples = None
-    if main_rank:
-        samples = SampleWriter(run_dir, logger=logger, resume_step=start if config.resume else None,
-                               train_every=config.samples_every, num_iterations=config.num_iterations)
-
-    def log(step: int, values: dict[str, float]) -> None:
-        if logger is not None:
-            logger.log(step, values)
-
-    def run_eval(step: int) -> dict[str, float]:
-        if config.num_eval_problems == 0:
-            return {}
-        if not main_rank:  # the replicas are identical: rank 0 evaluates, the others wait for it
-            distributed.barrier()
-            return {}
-        episodes: list[dict[str, Any]] = []
-        result = evaluation.evaluate(
-            policy,
-            config.env,
-            num_problems=config.num_eval_problems,
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            greedy=config.eval_greedy,
-            seed=config.seed,
-            env_kwargs=env_kwargs,
-            episodes=episodes,
-        )
-        samples.write_eval(step, episodes)
-        distributed.barrier()
-        return result
-
-    def boundary(step: int) -> TrainerState | None:
-        """The state after iteration ``step`` (rank 0 only: it alone writes checkpoints)."""
-        if not main_rank:
-            return None
-        return TrainerState.capture(step=step, policy=policy, optimizers=optimizers, rng=rng, extra=extra)
-
-    def checkpoint(state: TrainerState | None, step: int, wait: bool = True) -> Path:
-        path = run_dir / "checkpoints" / f"step_{step:06d}"
-        if wait:
-            distributed.check_in_sync(all_params, "adapter weights")
-        if state is not None:
-            path = save_checkpoint(run_dir, state, learner=LEARNER, config=config, policy=policy)
-        if wait:
-            distributed.barrier()  # nobody reads or resumes from a half-written checkpoint
-        return path
+    run.resume(policy, optimizers)
+    run.start(policy, optimizers, env_kwargs=env_kwargs)
 
     metrics: dict[str, float] = {}
-    bar = tqdm(
-        range(start, config.num_iterations),
-        initial=start,
-        total=config.num_iterations,
-        disable=not (config.progress and main_rank),
-        desc="magrpo",
-        dynamic_ncols=True,
-    )
-    step = start
-    # Ctrl-C saves the last iteration boundary's state, never a half-done iteration.
-    state = boundary(start)
-    policy.train()
-    try:
-        if "eval_before" not in extra:
-            before = run_eval(start)
-            if main_rank:
-                extra["eval_before"] = before
-            if before:
-                log(0, before)
-            state = boundary(start)
-        for iteration in bar:
+    with run.interruptible():
+        run.evaluate_before()
+        for iteration in run.iterations():
             t0 = time.perf_counter()
-            problems = rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
-            g = config.num_generations
-            if config.uses_tree():
-                from baselines import tree
-
-                tree_seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
-                tree_options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
-                metrics = tree.train_step(policy, optimizers, venv.envs[0], tree_seeds, tree_options, config)
+            problems = run.rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
+            if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/tree.py
+                seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
+                options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
+                metrics = tree.train_step(policy, optimizers, venv.envs[0], seeds, options, config)
                 t_rollout = metrics.pop("charts/rollout_s")
                 joint_samples = int(metrics["charts/joint_rewards"])
             else:
+                # 1. Rollout: B*G envs, problem-major; every turn one batched generate of all agents.
                 options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
                 seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
                 turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
                 t_rollout = time.perf_counter() - t0
                 distributed.check_equal(len(turns), "turns per episode")
-
                 metrics = {}
                 for agent in agents:
+                    # 2. Returns over turns, 3. group-relative advantages, 4. the agent's update.
                     rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
                     returns = discounted_returns(rewards, config.gamma)  # (N, turns)
-                    # Group per problem and per turn: rows are problem-major (b * G + g).
-                    # Groups never straddle ranks (problems are sharded whole), so advantages are local.
-                    grouped = returns.T.reshape(len(turns), len(positions), config.num_generations)
-                    adv = torch.stack([group_advantages(x, config.baseline, config.normalize_std) for x in grouped])
-                    adv = adv.reshape(len(turns), -1).T  # (N, turns)
+                    adv = grouped_advantages(returns, b_local, config)  # (N, turns)
                     stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)
-                    for key, value in stats.items():
-                        metrics[f"agent_{agent}/{key}"] = value
-                    lengths = torch.cat([turn.responses[agent].response_lengths.float().cpu() for turn in turns])
-                    rows = distributed.gather_rows({"lengths": lengths, "adv": adv, "returns": returns})
-                    metrics[f"agent_{agent}/response_tokens"] = float(rows["lengths"].mean())
-                    metrics[f"agent_{agent}/advantage_abs"] = float(rows["adv"].abs().mean())
-                    metrics[f"agent_{agent}/return"] = float(rows["returns"][:, 0].mean())
-
+                    metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
+                    metrics.update(agent_metrics(agent, turns, adv, returns))
                 last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
                 episode_return = distributed.gather_rows(sum(turn.rewards[agents[0]] for turn in turns))
-                metrics["reward/total"] = float(np.mean(last["reward_total"]))
+                metrics.update(reward_metrics(last))
                 metrics["charts/episode_return"] = float(np.mean(episode_return))
                 metrics["charts/reward_std"] = float(np.std(last["reward_total"]))
                 metrics["charts/responses"] = float(n_envs * len(turns) * len(agents))
                 joint_samples = n_envs * len(turns)
-                for key, value in last.items():
-                    if key.startswith("reward_") and key != "reward_total":
-                        metrics[f"reward/{key[len('reward_') :]}"] = float(np.mean(value))
+
+            # 5. Log.
             expert = env_kwargs.get("transition")
             if isinstance(expert, ExpertTransition):  # the expert model's cost so far
                 metrics["charts/expert_tokens"] = expert.stats["generated_tokens"]
                 metrics["charts/expert_s"] = expert.stats["seconds"]
             step = iteration + 1
-            extra["samples"] = int(extra.get("samples", start * n_envs * config.num_turns)) + joint_samples
-            for name in ("pg_loss", "loss", "kl", "clip_fraction"):
-                values = [metrics[f"agent_{a}/{name}"] for a in agents if f"agent_{a}/{name}" in metrics]
-                if values:
-                    metrics[f"losses/{name}"] = float(np.mean(values))
+            run.extra["samples"] = int(run.extra.get("samples", run.start_step * n_envs * config.num_turns))
+            run.extra["samples"] += joint_samples
+            metrics.update(mean_over_agents(metrics, ("pg_loss", "loss", "kl", "clip_fraction"), agents))
             elapsed = time.perf_counter() - t0
-            metrics.update(
-                {
-                    "charts/iteration": step,
-                    "charts/samples": extra["samples"],
-                    "charts/s_per_iteration": elapsed,
-                    "charts/rollout_fraction": t_rollout / elapsed,
-                    "charts/samples_per_s": joint_samples / elapsed,
-                    "charts/responses_per_s": metrics["charts/responses"] / t_rollout,
-                    "charts/learning_rate": config.learning_rate,
-                }
-            )
-            if samples is not None and not config.uses_tree():
-                samples.write_train(step, venv.envs, seeds=seeds, options=options)
-            if config.eval_every and step % config.eval_every == 0 and step < config.num_iterations:
-                metrics.update(run_eval(step))
-            log(step, metrics)
-            bar.set_postfix(reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
-            state = boundary(step)
-            if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
-                checkpoint(state, step)
-        bar.close()
-        final_eval = run_eval(step)
-    except KeyboardInterrupt:
-        bar.close()
-        interrupted(state, run_dir, checkpoint, wait=not info.distributed)
-        if logger is not None:
-            logger.close()
-        raise
-
-    if final_eval:
-        log(step, final_eval)
-    checkpoint(state, step)
-    if logger is not None:
-        logger.close()
-    result = dict(metrics)
-    result.update(final_eval)
-    result.update({f"eval_before/{k.split('/', 1)[1]}": v for k, v in extra.get("eval_before", {}).items()})
-    if main_rank:
-        try:
-            result["plot"] = str(plot_metrics(run_dir / "metrics.jsonl"))  # type: ignore[assignment]
-        except ValueError:
-            pass  # nothing to plot yet (no iteration ran)
-    result["run_dir"] = str(run_dir)  # type: ignore[assignment]
+            metrics.update({
+                "charts/iteration": step,
+                "charts/samples": run.extra["samples"],
+                "charts/s_per_iteration": elapsed,
+                "charts/rollout_fraction": t_rollout / elapsed,
+                "charts/samples_per_s": joint_samples / elapsed,
+                "charts/responses_per_s": metrics["charts/responses"] / t_rollout,
+                "charts/learning_rate": config.learning_rate,
+            })
+            if not config.uses_tree():
+                run.write_samples(step, venv.envs, seeds, options)
+            run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
+        run.evaluate_after()
+    result = run.finish(metrics)
     venv.close()
     return result
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 METRICS_FILE = "metrics.jsonl"
 METRIC_PREFIXES = ("charts/", "losses/", "reward/", "eval/", "agent_")
 """Every logged metric name starts with one of these."""
@@ -114,6 +116,20 @@ class MetricLogger:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def reward_metrics(info: Mapping[str, Any]) -> dict[str, float]:
+    """``reward/total`` and ``reward/<component>``: the batch means of an agent's stacked env infos
+    (``reward_total``, ``reward_<component>``).
+
+    >>> reward_metrics({"reward_total": [1.0, 2.0], "reward_tests": [0.0, 1.0], "turn": [1, 1]})
+    {'reward/total': 1.5, 'reward/tests': 0.5}
+    """
+    out = {"reward/total": float(np.mean(info["reward_total"]))}
+    for key, value in info.items():
+        if key.startswith("reward_") and key != "reward_total":
+            out[f"reward/{key[len('reward_') :]}"] = float(np.mean(value))
+    return out
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:

@@ -36,6 +36,7 @@ def play_episodes(
     action_length: int,
     adapters: Mapping[str, str] | None = None,
     sample_seeds: Sequence[int] | None = None,
+    step_rewards: list[dict[str, np.ndarray]] | None = None,
     **sampling: Any,
 ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
     """Play one batch of episodes on ``venv`` (parallel or sequential): whenever roles must act, each
@@ -49,7 +50,8 @@ def play_episodes(
     runs). Unset: one batched generate per step from torch's global RNG.
 
     Returns the generations step by step (``[{role: Generation}]``), each role's summed reward (N,)
-    and the infos of the last step."""
+    and the infos of the last step. ``step_rewards``: a list to extend with every step's rewards
+    (``{role: (N,)}``, every role), which :func:`episode_turns` credits to the turns."""
     names = {a: a for a in venv.possible_agents} if adapters is None else dict(adapters)
     missing = [a for a in venv.possible_agents if a not in names]
     if missing:
@@ -76,7 +78,41 @@ def play_episodes(
         for a in rewards:
             returns[a] += rewards[a]
         steps.append(gens)
+        if step_rewards is not None:
+            step_rewards.append(rewards)
     return steps, returns, infos
+
+
+def episode_turns(
+    steps: Sequence[Mapping[str, Any]], step_rewards: Sequence[Mapping[str, np.ndarray]]
+) -> dict[str, list[tuple[Any, np.ndarray]]]:
+    """Each role's turns of a batch :func:`play_episodes` played: ``{role: [(Generation, reward (N,))]}``
+    in turn order. A reward a role receives at a step is credited to its latest response (to its first
+    one when it arrives before the role has acted): under the sequential protocol the turn resolves at
+    its last role's step, and every role's response of that turn earns that turn's reward. The rewards
+    of a role's turns add up to its return.
+
+    >>> steps = [{"pioneer": "p0"}, {"observer": "o0"}, {"pioneer": "p1"}, {"observer": "o1"}]
+    >>> zero, r = np.zeros(1), lambda x: np.array([x])
+    >>> rewards = [{"pioneer": zero, "observer": zero}, {"pioneer": r(1.0), "observer": r(1.0)},
+    ...            {"pioneer": zero, "observer": zero}, {"pioneer": r(2.0), "observer": r(2.0)}]
+    >>> [(gen, float(reward[0])) for gen, reward in episode_turns(steps, rewards)["pioneer"]]
+    [('p0', 1.0), ('p1', 2.0)]
+    """
+    if len(steps) != len(step_rewards):
+        raise ValueError(f"got {len(step_rewards)} steps' rewards for {len(steps)} steps")
+    turns: dict[str, list[list[Any]]] = {}
+    early: dict[str, np.ndarray] = {}  # rewards of a role that has not acted yet
+    for gens, rewards in zip(steps, step_rewards):
+        for role, gen in gens.items():
+            start = early.pop(role) if role in early else np.zeros(len(next(iter(rewards.values()))))
+            turns.setdefault(role, []).append([gen, start])
+        for role, reward in rewards.items():
+            if role in turns:
+                turns[role][-1][1] = turns[role][-1][1] + reward
+            else:
+                early[role] = early.get(role, np.zeros(len(reward))) + reward
+    return {role: [(gen, reward) for gen, reward in records] for role, records in turns.items()}
 
 
 @dataclass
