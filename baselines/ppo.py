@@ -304,8 +304,9 @@ def model_metrics(
     roles: Sequence[str], config: Config,
 ) -> dict[str, float]:
     """``agent_<model>/*``: the update's statistics, the task reward of the role the model played,
-    the reward it was trained on, its KL to the reference (summed over a response, mean over every
-    process's episodes), ``task - eta * KL``, its KL coefficient, role, response length and mean value."""
+    the reward it was trained on (summed over the turns), its KL to the reference (summed over an
+    episode's responses, mean over every process's episodes), ``task - eta * KL``, its KL coefficient,
+    role, response tokens (every turn's) and mean value."""
     rows = distributed.gather_rows(
         {"kl": exp.kl.sum(1), "score": exp.scores.sum(1), "tokens": exp.response_mask.sum(1).float()}
     )
