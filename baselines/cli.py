@@ -166,7 +166,8 @@ def tyro_error_line(text: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     import llm_envs
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.common import CheckpointError, evaluate, find_checkpoint
+    from baselines.checkpoints import CheckpointError, find_checkpoint
+    from baselines.evaluation import evaluate
 
     env_id, model = args.env, args.model
     env_kwargs: dict = {}
@@ -233,7 +234,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from baselines.common import METRICS_FILE, plot_metrics
+    from baselines.metrics import METRICS_FILE
+    from baselines.plots import plot_metrics
 
     path = Path(args.path)
     if path.is_dir():
@@ -329,7 +331,7 @@ def _warnings_in_one_line(default):
     """``warnings.showwarning`` that prints llm-envs' own warnings as one line (others as before)."""
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        from baselines.common import CheckpointFallbackWarning
+        from baselines.checkpoints import CheckpointFallbackWarning
 
         if issubclass(category, CheckpointFallbackWarning):
             print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)

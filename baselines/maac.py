@@ -22,11 +22,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+
+from baselines.config import CoreConfig, check_choice, check_ints, check_ranges
 
 LEARNER = "maac"
 CRITIC = "critic"
@@ -34,127 +35,35 @@ CRITIC = "critic"
 
 
 @dataclass
-class Config:
-    """MAAC settings. Every field is a ``--flag`` of ``llm-envs train maac``."""
+class Config(CoreConfig):
+    """MAAC settings: the shared ones (baselines/config.py) and MAAC's own. Every field is a ``--flag``
+    of ``llm-envs train maac``."""
 
-    env: str = "writing/xsum-v0"
-    """Registered env id (``llm-envs list``); parallel protocol."""
-    model: str | None = None
-    """HF model id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
-    max_source_words: int | None = None
-    """Writing envs: cut source documents to this many words."""
-    data_path: str | None = None
-    """Local copy of a hub dataset for envs that take ``data_path``."""
-    num_turns: int = 1
-    """Turns per episode."""
-    transition: str | None = None
-    """The env's turn transition (llm_envs/transitions.py): unset for the task's feedback, or a
-    registered name / module:function."""
-    seed: int = 0
-    """Seeds python, numpy, torch and the envs."""
+    learner: ClassVar[str] = LEARNER
 
-    num_iterations: int = 100
-    """Training iterations (one batch of rollouts, then the actor and critic updates)."""
     num_problems: int = 2
     """B: problems per iteration."""
     num_generations: int = 4
     """G: episodes per problem."""
-    max_new_tokens: int = 64
-    """Response length of every agent."""
-    temperature: float = 0.7
-    """Sampling temperature."""
-    top_p: float = 0.9
-    """Nucleus sampling mass."""
-    top_k: int = 50
-    """Top-k sampling; 0 disables it."""
-
-    learning_rate: float = 5e-5
-    """AdamW learning rate of every actor's adapter."""
     critic_learning_rate: float = 5e-5
     """AdamW learning rate of the critic's adapter and value head."""
-    lora_rank: int = 16
-    """LoRA rank of every adapter (actors and critic)."""
-    lora_alpha: float = 32.0
-    """LoRA alpha."""
     num_epochs: int = 2
     """Actor and critic epochs on each batch (epochs after the first use the clipped ratio)."""
-    clip_eps: float = 0.2
-    """Ratio clip range of the actors' surrogate."""
     clip_value: float = 0.2
     """Clip range of the critic's estimate around its old one (0 disables)."""
     whiten_advantages: bool = True
     """Normalise the advantages over the batch to mean 0, std 1."""
-    gamma: float = 0.9
-    """Discount of later turns' rewards."""
     loss_aggregation: Literal["token-mean", "sequence-sum"] = "token-mean"
     """Actor loss over response tokens: mean over the batch's tokens, or sum per response."""
-    max_grad_norm: float = 1.0
-    """Clip each actor's and the critic's gradient norm; 0 disables clipping."""
-
-    num_eval_problems: int = 8
-    """Eval-split problems evaluated before and after training (0 disables evaluation)."""
-    output_dir: str = "runs"
-    """Where run directories go."""
-    run_name: str | None = None
-    """Run directory name; default ``maac__<env>__s<seed>``."""
-    overwrite: bool = False
-    """Start afresh in a run directory that already holds a checkpoint (deletes it)."""
-    tensorboard: bool = True
-    """Also write TensorBoard event files."""
-    progress: bool = True
-    """Show a progress bar."""
-    device: str | None = None
-    """torch device; unset picks a GPU when present."""
-    dtype: str | None = None
-    """Model dtype: float32 on CPU by default, bfloat16 on a GPU."""
-    threads: int | None = None
-    """torch CPU threads (unset: torch's default)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_turns", "num_iterations", "num_problems", "num_generations", "max_new_tokens",
-                     "lora_rank", "num_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        for name in ("top_k", "num_eval_problems"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-        ranges = {
-            "temperature": (self.temperature > 0, "> 0"),
-            "top_p": (0 < self.top_p <= 1, "in (0, 1]"),
-            "learning_rate": (self.learning_rate > 0, "> 0"),
+        super().__post_init__()
+        check_ints(self, {"num_problems": 1, "num_generations": 1, "num_epochs": 1})
+        check_ranges(self, {
             "critic_learning_rate": (self.critic_learning_rate > 0, "> 0"),
-            "lora_alpha": (self.lora_alpha > 0, "> 0"),
-            "clip_eps": (0 < self.clip_eps < 1, "in (0, 1)"),
             "clip_value": (self.clip_value >= 0, ">= 0"),
-            "gamma": (0 <= self.gamma <= 1, "in [0, 1]"),
-            "max_grad_norm": (self.max_grad_norm >= 0, ">= 0"),
-        }
-        for name, (ok, text) in ranges.items():
-            value = getattr(self, name)
-            if not ok or not math.isfinite(value):
-                raise ValueError(f"{name} must be {text}, got {value!r}")
-        if self.loss_aggregation not in ("token-mean", "sequence-sum"):
-            raise ValueError(f"loss_aggregation must be 'token-mean' or 'sequence-sum', got {self.loss_aggregation!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
-
-    def env_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"num_turns": self.num_turns}
-        if self.model is not None:
-            kwargs["tokenizer"] = self.model
-        if self.max_source_words is not None:
-            kwargs["max_source_words"] = self.max_source_words
-        if self.data_path is not None:
-            kwargs["data_path"] = self.data_path
-        if self.transition is not None:
-            kwargs["transition"] = self.transition
-        return kwargs
-
-    def run_dir(self) -> Path:
-        name = self.run_name or f"{LEARNER}__{self.env.replace('/', '_')}__s{self.seed}"
-        return Path(self.output_dir) / name
+        })
+        check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
 
     def actor_config(self) -> Any:
         """The settings magrpo's rollout and actor update read (baselines.magrpo.update_agent)."""
@@ -166,6 +75,7 @@ class Config:
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, learning_rate=self.learning_rate,
             num_epochs=self.num_epochs, clip_eps=self.clip_eps, loss_aggregation=self.loss_aggregation,
             max_grad_norm=self.max_grad_norm, baseline="none", gamma=self.gamma,
+            logprob_temperature=self.logprob_temperature,
         )
 
 
@@ -234,17 +144,13 @@ def main(config: Config) -> dict[str, float]:
     from tqdm.auto import tqdm
 
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.common import (
-        MetricLogger,
-        TrainerState,
-        check_run_dir,
-        evaluate,
-        plot_metrics,
-        probe_env,
-        save_checkpoint,
-        seed_everything,
-    )
-    from baselines.magrpo import discounted_returns, rollout, update_agent
+    from baselines.checkpoints import TrainerState, check_run_dir, save_checkpoint
+    from baselines.evaluation import evaluate
+    from baselines.metrics import MetricLogger
+    from baselines.play import probe_env, rollout
+    from baselines.plots import plot_metrics
+    from baselines.policy_gradient import discounted_returns, update_agent
+    from baselines.rng import seed_everything
     from llm_envs.core.vector import VectorEnv
 
     if config.threads is not None:
@@ -254,16 +160,17 @@ def main(config: Config) -> dict[str, float]:
     if config.overwrite and (run_dir / "checkpoints").exists():
         shutil.rmtree(run_dir / "checkpoints")
     rng = seed_everything(config.seed)
-    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
+    env_kwargs = config.build_env_kwargs()
+    agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     if CRITIC in agents:
         raise ValueError(f"env {config.env!r} has an agent named {CRITIC!r}, the name of MAAC's critic adapter")
     policy = MultiAgentPolicy.from_pretrained(
         [*agents, CRITIC], config.model, dtype=config.dtype, device=config.device, value_head=True,
-        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
+        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
     )
     n_envs = config.num_problems * config.num_generations
     venv = VectorEnv(config.env, n_envs, max_new_tokens=config.max_new_tokens,
-                     stop_token_ids=list(policy.eos_token_ids), **config.env_kwargs())
+                     stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
     optimizers[CRITIC] = policy.optimizer(CRITIC, lr=config.critic_learning_rate)
@@ -275,7 +182,7 @@ def main(config: Config) -> dict[str, float]:
             return {}
         return evaluate(policy, config.env, num_problems=config.num_eval_problems,
                         max_new_tokens=config.max_new_tokens, greedy=True, seed=config.seed,
-                        env_kwargs=config.env_kwargs())
+                        env_kwargs=env_kwargs)
 
     before = run_eval()
     if before:
@@ -370,7 +277,7 @@ def main(config: Config) -> dict[str, float]:
 
 def summary(result: dict[str, Any]) -> str:
     """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.common import eval_table
+    from baselines.evaluation import eval_table
 
     lines = eval_table(result)
     if "reward/total" in result:

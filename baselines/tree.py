@@ -134,7 +134,7 @@ def rollout_tree(
     is a copy of ``template`` reset with ``seeds[b]`` and ``options[b]``). Returns the levels in turn
     order; a level holds every node of that turn of every problem. Returns are filled in
     (:func:`fill_returns`)."""
-    from baselines.common import pad_actions, strip_left_padding
+    from baselines.tensors import pad_actions, strip_left_padding
 
     if len(seeds) != len(options):
         raise ValueError(f"one seed per problem: got {len(seeds)} seeds for {len(options)} problems")
@@ -209,7 +209,7 @@ def tree_advantages(
     """Advantages of ``agent``'s samples, one (rows,) tensor per level (rows node-major, as the level's
     generations). ``agent-turn``: one group per node (this agent's G samples under one history);
     ``problem-turn``: one group per problem and level."""
-    from baselines.magrpo import group_advantages
+    from baselines.policy_gradient import group_advantages
 
     g = num_generations
     out = []
@@ -255,7 +255,8 @@ def train_step(
     compute each agent's advantages and update it on its samples of every level. Returns the metrics."""
     import time
 
-    from baselines.magrpo import Turn, update_agent
+    from baselines.play import Turn
+    from baselines.policy_gradient import update_agent
 
     t0 = time.perf_counter()
     sampling = dict(

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from agents import LoraSettings, MultiAgentPolicy
-from baselines.common import seed_everything
-from baselines.magrpo import Config, discounted_returns, group_advantages, rollout, update_agent
+from baselines.magrpo import Config
+from baselines.play import rollout
+from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
+from baselines.rng import seed_everything
 from llm_envs.core.vector import VectorEnv
 
 

@@ -35,7 +35,10 @@ def perturbed(policy: MultiAgentPolicy, seed: int = 1) -> MultiAgentPolicy:
     return policy
 
 
-def make_policy(tokenizer, *, value_head: bool = True, lora=LoraSettings(rank=4), model=None, **kwargs):
+RANK_4 = LoraSettings(rank=4)
+
+
+def make_policy(tokenizer, *, value_head: bool = True, lora=RANK_4, model=None, **kwargs):
     model = tiny_model(tokenizer) if model is None else model
     return perturbed(MultiAgentPolicy(model, tokenizer, AGENTS, lora=lora, value_head=value_head, **kwargs))
 

@@ -222,7 +222,7 @@ def policy_tensors(policy_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def training_rows(run_dir: Path) -> list[dict[str, float]]:
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     keep = ("reward/", "losses/", "agent_", "charts/episode_return", "charts/reward_std")
     return [
@@ -286,7 +286,7 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
 
 
 def training_eval(run_dir: Path) -> float:
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     return [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval/total" in row][-1]["eval/total"]
 
@@ -369,7 +369,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     print(f"1 + 2 processes took {time.perf_counter() - start:.1f} s")
     assert launch.returncode == 0, output[-4000:]
 
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     def rows(run_dir: Path) -> list[dict[str, float]]:
         keep = ("reward/", "losses/", "agent_")
@@ -463,4 +463,4 @@ if __name__ == "__main__":
 else:
     from test_magrpo import tiny_config
 
-    from baselines.common import find_checkpoint
+    from baselines.checkpoints import find_checkpoint

@@ -57,7 +57,8 @@ def test_config_rejects_bad_values(field, value):
 def test_smoke_changes_actors_and_critic(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from baselines.common import find_checkpoint, read_metrics
+    from baselines.checkpoints import find_checkpoint
+    from baselines.metrics import read_metrics
 
     config = Config(model=tiny_model_dir, max_source_words=20, num_iterations=2, num_problems=1, num_generations=2,
                     max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-2,
