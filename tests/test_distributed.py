@@ -130,8 +130,9 @@ def tiny_policy(tiny_model_dir):
     from agents import LoraSettings, MultiAgentPolicy
 
     torch.manual_seed(0)
-    return MultiAgentPolicy.from_pretrained(
-        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False
+    return MultiAgentPolicy.from_pretrained(  # float32: exact comparisons (bf16 rounds with the batch's shape)
+        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
+        dtype="float32",
     )
 
 
@@ -179,7 +180,8 @@ def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_m
                 p.add_(0.01 * torch.randn_like(p))
     tiny_policy.save(tmp_path / "shared")
     split = distributed.AgentPerDevicePolicy.from_pretrained(
-        tiny_policy.agents, tiny_model_dir, {"brief": "cpu", "detailed": "cpu"}, lora=LoraSettings(rank=4, alpha=8.0)
+        tiny_policy.agents, tiny_model_dir, {"brief": "cpu", "detailed": "cpu"}, lora=LoraSettings(rank=4, alpha=8.0),
+        dtype="float32",
     )
     split.load(tmp_path / "shared")
     ids, mask = prompt_batch(4, seed=2)

@@ -51,6 +51,13 @@ class ScriptedPolicy:
     def ref_logprobs(self, model, prompt_ids, prompt_mask, response_ids, response_mask, temperature):
         return torch.tensor([self.per_turn[int(prompt_ids[0, 0])][2]])
 
+    def score(self, model, prompt_ids, prompt_mask, response_ids, response_mask, *, with_values, with_reference,
+              temperature):
+        """MultiAgentPolicy.score: the policy's log-probs and values and the reference's, in one call."""
+        args = (model, prompt_ids, prompt_mask, response_ids, response_mask)
+        logprobs, values = self.forward(*args, with_values=with_values, temperature=temperature)
+        return logprobs, values, self.ref_logprobs(*args, temperature=temperature) if with_reference else None
+
 
 def test_two_turn_advantages_by_hand():
     """Turn 0: 2 response tokens (padded to 3), turn 1: 1 token (padded to 2); laid end to end the mask is
