@@ -138,6 +138,16 @@ def test_single_writer_feedback_and_arguments() -> None:
     assert set(SPLIT_POLICIES) == {"reference", "strict"}
 
 
+def test_single_writer_empty_source() -> None:
+    # XSum's eval document 15 is empty: the pair's env prompts with it, so must the single writer's.
+    env = llm_envs.make("writing/xsum-single-v0")
+    assert env.task.problems("eval")[15]["source"] == ""
+    env.reset(seed=0, options={"split": "eval", "task_index": 15})
+    assert "[PARAGRAPH_SPLIT]" in env.text("writer")
+    _, rewards, *_ = env.step({"writer": f"{FIRST} {SECOND}"})
+    assert rewards["writer"] == pytest.approx(TOTAL)
+
+
 def test_sequential_writing_id() -> None:
     env = llm_envs.make("writing/xsum-sequential-v0")
     env.reset(seed=0)

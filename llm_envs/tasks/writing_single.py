@@ -24,7 +24,7 @@ Arguments
 - ``source``, ``data_path``, ``max_source_words``: as for :class:`llm_envs.tasks.writing.WritingTask`
   (same problems, same splits). ``source="arxiv"`` uses the arXiv prompt and reward.
 
-The prompt is the reference's single-agent prompt (:func:`llm_envs.tasks.writing.single_agent_prompt`),
+The prompt is the reference's single-agent prompt (as :func:`llm_envs.tasks.writing.single_agent_prompt`),
 through the tokenizer's chat template by default. The embedded SmolLM2-135M-Instruct rarely writes the
 delimiter, which is why the split policy matters: under ``strict`` almost every untrained response
 scores 0.0 (docs/results.md measures both).
@@ -47,12 +47,8 @@ from typing import ClassVar
 from llm_envs.core.registry import register
 from llm_envs.core.task import Context, Problem, Prompt, Response, Task
 from llm_envs.rewards.single_writer import SINGLE_WRITER_COMPONENTS, check_split_policy, single_writer_reward
-from llm_envs.tasks.writing import (
-    RETRY_FEEDBACK,
-    RETRY_PREVIOUS,
-    WritingTask,
-    single_agent_prompt,
-)
+from llm_envs.rewards.writing import PARAGRAPH_SPLIT
+from llm_envs.tasks.writing import RETRY_FEEDBACK, RETRY_PREVIOUS, SINGLE_AGENT_PROMPTS, WritingTask
 
 ROLE = "writer"
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -93,7 +89,10 @@ class SingleWriterTask(Task):
         return self._pair.problems(split)
 
     def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
-        parts: list[str | Response] = [single_agent_prompt(problem["source"], self.variant)]
+        # The template itself, not single_agent_prompt(): that refuses an empty source, and one XSum eval
+        # document is empty (the two-role env prompts with it too).
+        template = SINGLE_AGENT_PROMPTS[self.variant]
+        parts: list[str | Response] = [template.format(source=problem["source"].strip(), split=PARAGRAPH_SPLIT)]
         previous = context.previous(role)
         if previous is not None:
             parts += [RETRY_PREVIOUS, previous, RETRY_FEEDBACK.format(feedback=context.feedback(role))]
