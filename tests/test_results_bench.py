@@ -128,3 +128,27 @@ def test_helpers(results, tmp_path) -> None:
         results.replace_section("no markers here", "magrpo", "body")
     with pytest.raises(SystemExit):
         results.main(["run", "dqn"])
+
+
+def test_eval_top_k(tiny_model_dir, capsys, monkeypatch) -> None:
+    """``llm-envs eval --top-k`` reaches the evaluation (the untrained records sample as the learners'
+    evaluations do, top-k 50); the default stays 0 (off); a negative value is refused."""
+    import baselines.common
+    from baselines.cli import main
+
+    real, seen = baselines.common.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(baselines.common, "evaluate", evaluate)
+    base = ["eval", "--model", tiny_model_dir, "--env", "writing/xsum-single-v0", "--num-problems", "2",
+            "--max-new-tokens", "12", "--max-source-words", "20"]
+    assert main(base + ["--sample", "--top-k", "50", "--seed", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"eval/delimiter", "eval/marker", "eval/total"} <= set(result)
+    assert seen[-1]["top_k"] == 50 and seen[-1]["greedy"] is False and seen[-1]["seed"] == 4
+    assert main(base + ["--sample", "--top-k", "-1"]) == 2
+    assert "--top-k must be >= 0 (0 disables it), got -1" in capsys.readouterr().err
+    assert len(seen) == 1  # refused before anything ran
