@@ -209,11 +209,21 @@ def record_path(out: Path, comparison: str, name: str, seed: int) -> Path:
 
 
 def git_commit() -> str | None:
+    """The commit checked out when this process started (records keep the code they ran, not a later HEAD)."""
+    if _COMMIT:
+        return _COMMIT[0]
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return None
+        head, dirty = None, ""
+    _COMMIT.append(f"{head}+dirty" if head and dirty else head)
+    return _COMMIT[0]
+
+
+_COMMIT: list[str | None] = []
 
 
 def run_cli(argv: Sequence[str], log: Path) -> tuple[int, str]:
@@ -313,6 +323,7 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
     """Run every missing record of ``comparison`` for ``seeds`` (and ``methods``, default all), writing
     each as it finishes; returns what was done."""
     chosen = [method(comparison, n) for n in methods] if methods else list(COMPARISONS[comparison])
+    git_commit()  # the code this process runs
     done, skipped, failed = [], [], []
     for seed in seeds:
         for m in chosen:
@@ -451,19 +462,22 @@ def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Pa
             _band(axes[0], [r["curve"]["reward/total"] for r in mine], colors[m.name], m.label, smoothing)
             if "reward/delimiter" in mine[0]["curve"]:
                 _band(axes[2], [r["curve"]["reward/delimiter"] for r in mine], colors[m.name], m.label, smoothing)
-    axes[0].set_title(f"training batch joint reward (max 3.0; moving average {smoothing}; band: ± std over seeds)")
+    axes[0].set_title(f"training batch joint reward (max 3.0), moving average {smoothing}", fontsize=9)
     axes[0].set_xlabel("iteration")
-    axes[2].set_title("single agent: share of responses with [PARAGRAPH_SPLIT]")
+    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]", fontsize=9)
     axes[2].set_xlabel("iteration")
     axes[2].set_ylim(-0.05, 1.05)
     names = [n for n in (m.name for m in COMPARISONS["magrpo"]) if n in summary]
     for i, name in enumerate(names):
+        untrained = method("magrpo", name).learner == "eval"  # before = after: one bar
         for j, (key, shade) in enumerate((("eval_before", 0.35), ("eval", 1.0))):
+            if untrained and key == "eval_before":
+                continue
             mean, std, n = summary[name][key].get("total", (math.nan, math.nan, 0))
             if n:
                 axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std, color=colors[name], alpha=shade, capsize=3)
     axes[1].set_xticks(range(len(names)), [summary[n]["label"].replace(", ", "\n") for n in names], fontsize=7)
-    axes[1].set_title("eval joint reward, before (faint) and after training: mean ± std over seeds")
+    axes[1].set_title("eval joint reward before (faint) / after training, mean ± std", fontsize=9)
     for ax in axes:
         ax.grid(alpha=0.3)
     if axes[0].lines:
@@ -540,7 +554,7 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
         load = r["load_average_1min"]
         name = f"{r['method']}__s{r['seed']}"
         lines.append(f"| [{name}](results/{comparison}/{name}.json) | {r['wall_s']} | "
-                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {(r['commit'] or '')[:8]} |")
+                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} |")
     missing = missing_records(out, comparison)
     lines.append("")
     if missing:
@@ -556,6 +570,17 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     return "\n".join(lines)
 
 
+def short_commit(commit: str | None) -> str:
+    """``abcdef12`` (``+dirty`` when the tree had uncommitted changes to tracked files).
+
+    >>> short_commit("0123456789abcdef+dirty")
+    '01234567+dirty'
+    """
+    if not commit:
+        return ""
+    return commit[:8] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
 MARKER = "<!-- results:{name}:{end} (written by `python bench/results.py render`; edits in between are lost) -->"
 
 
@@ -566,6 +591,21 @@ def replace_section(text: str, name: str, body: str) -> str:
     if not pattern.search(text):
         raise ValueError(f"the page has no {name!r} section: add the two marker lines {begin!r} and {end!r}")
     return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
+
+
+def estimate_missing(out: Path) -> tuple[float, list[str]]:
+    """Seconds the missing records would take at the mean wall of their method's finished records, and
+    the methods (``comparison/method``) with no finished record to estimate from."""
+    total, unknown = 0.0, []
+    for comparison in COMPARISONS:
+        records = load_records(out, comparison)
+        for name, seeds in missing_records(out, comparison).items():
+            walls = [r["wall_s"] for r in records if r["method"] == name]
+            if walls:
+                total += len(seeds) * sum(walls) / len(walls)
+            else:
+                unknown.append(f"{comparison}/{name}")
+    return total, unknown
 
 
 def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
@@ -590,9 +630,16 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
                                                             "summary": summary}, indent=1) + "\n", encoding="utf-8")
         sections[comparison] = tables(comparison, summary, records, out)
     hours = result["total_wall_s"] / 3600
-    sections["wall"] = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s "
-                        f"({hours:.2f} h)**, the sum of the runs' own wall times on this 2-core machine, shared with "
-                        f"other jobs (several runs at once: see each record's load average).")
+    estimate, unknown = estimate_missing(out)
+    result["missing_wall_estimate_s"] = estimate
+    text = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s ({hours:.2f} h)**, "
+            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs (several runs at "
+            "once: see each record's load average).")
+    if any(result["missing"].values()):
+        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
+                 "the finished records of the same method)")
+        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+    sections["wall"] = text
     if page is not None:
         text = page.read_text(encoding="utf-8")
         for name, body in sections.items():

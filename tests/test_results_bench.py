@@ -152,3 +152,20 @@ def test_eval_top_k(tiny_model_dir, capsys, monkeypatch) -> None:
     assert main(base + ["--sample", "--top-k", "-1"]) == 2
     assert "--top-k must be >= 0 (0 disables it), got -1" in capsys.readouterr().err
     assert len(seen) == 1  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_quick_with_the_embedded_model(results, tmp_path, capsys) -> None:
+    """The page's path end to end with the real model: the single agent under the reference split (2
+    iterations of 1 problem x 2 samples) and the untrained sequential pair."""
+    out = tmp_path / "records"
+    argv = ["run", "magrpo", "--quick", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--threads", "1",
+            "--methods", "untrained-sequential", "single-reference"]
+    assert results.main(argv) == 0
+    assert len(last_json(capsys)["done"]) == 2
+    records = {r["method"]: r for r in results.load_records(out, "magrpo")}
+    single = records["single-reference"]
+    assert "--model" not in single["command"]
+    assert 0.0 <= single["eval"]["total"] <= 3.0 and 0.0 <= single["eval"]["delimiter"] <= 1.0
+    assert len(single["curve"]["reward/total"]) == 2
+    assert 0.0 <= records["untrained-sequential"]["eval"]["total"] <= 3.0
