@@ -110,6 +110,9 @@ class Method:
     flags: Mapping[str, Any] = field(default_factory=dict)
     models: tuple[str, ...] = ()
     """PPO / CORY: the adapters whose per-model metrics (``agent_<model>/...``) form the curves."""
+    token_factor: int = 1
+    """Multiplies the comparison's ``max-new-tokens``: the single agent writes both parts, so it gets twice
+    the pair's tokens per response (the text budget of the two agents together)."""
 
 
 COMPARISONS: dict[str, tuple[Method, ...]] = {
@@ -117,9 +120,9 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
         Method("untrained-parallel", "eval", "writing/xsum-v0", "untrained pair, parallel"),
         Method("untrained-sequential", "eval", "writing/xsum-sequential-v0", "untrained pair, sequential"),
         Method("single-reference", "magrpo", "writing/xsum-single-v0", "single agent (GRPO), split=reference",
-               {"max-new-tokens": 2}),
+               token_factor=2),
         Method("single-strict", "magrpo", "writing/xsum-single-strict-v0", "single agent (GRPO), split=strict",
-               {"max-new-tokens": 2}),
+               token_factor=2),
         Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO, parallel"),
         Method("magrpo-2turn", "magrpo", "writing/xsum-v0", "MAGRPO, 2 turns (env feedback)", {"num-turns": 2}),
     ),
@@ -132,8 +135,6 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
                {"swap-every": 5}, models=("model_0", "model_1")),
     ),
 }
-"""``max-new-tokens: 2`` in a method's flags is a factor: the single agent writes both parts, so it gets
-twice the pair's tokens per response (the same text budget as the two agents together)."""
 SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
                 "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
 """The records the page needs: 3 seeds per method, one seed per CORY ablation."""
@@ -156,12 +157,8 @@ def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
 
 def flags_of(m: Method, comparison: str, quick: bool) -> dict[str, Any]:
     """The method's flags: the comparison's settings with the method's own on top."""
-    flags = settings_of(comparison, quick)
-    for key, value in m.flags.items():
-        if key == "max-new-tokens":
-            flags[key] = flags[key] * value
-        else:
-            flags[key] = value
+    flags = {**settings_of(comparison, quick), **m.flags}
+    flags["max-new-tokens"] *= m.token_factor
     return flags
 
 
