@@ -280,13 +280,13 @@ def curve_keys(m: Method, rows: list[dict[str, float]]) -> list[str]:
 
 
 def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: str, wall_s: float,
-                quick: bool, run_dir: Path | None, load: tuple[float, float]) -> dict[str, Any]:
+                quick: bool, run_dir: Path | None, load: tuple[float, float], cpu_s: float) -> dict[str, Any]:
     from baselines.common import read_metrics
 
     record: dict[str, Any] = {
         "comparison": comparison, "method": m.name, "label": m.label, "seed": seed, "learner": m.learner,
         "env": m.env, "quick": quick, "command": "llm-envs " + shlex.join(argv),
-        "flags": flags_of(m, comparison, quick), "wall_s": round(wall_s, 1),
+        "flags": flags_of(m, comparison, quick), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
         "load_average_1min": {"start": load[0], "end": load[1]}, "commit": git_commit(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
@@ -333,14 +333,14 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
             if run_dir is not None and run_dir.exists():
                 shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
             load_start = os.getloadavg()[0]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             if status != 0:
                 failed.append({"record": path.name, "status": status})
                 continue
             record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
-                                 (load_start, os.getloadavg()[0]))
+                                 (load_start, os.getloadavg()[0]), cpu)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -545,12 +545,12 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     lines.append("")
     lines.append("Records (one per method and seed; wall = seconds of that run on the shared 2-core machine):")
     lines.append("")
-    lines.append("| record | wall (s) | load avg start / end | finished | commit |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit |")
+    lines.append("|---|---|---|---|---|---|")
     for r in sorted(records, key=lambda r: (r["method"], r["seed"])):
         load = r["load_average_1min"]
         name = f"{r['method']}__s{r['seed']}"
-        lines.append(f"| [{name}](results/{comparison}/{name}.json) | {r['wall_s']} | "
+        lines.append(f"| [{name}](results/{comparison}/{name}.json) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
                      f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} |")
     missing = missing_records(out, comparison)
     lines.append("")
@@ -630,8 +630,9 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
     estimate, unknown = estimate_missing(out)
     result["missing_wall_estimate_s"] = estimate
     text = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s ({hours:.2f} h)**, "
-            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs (several runs at "
-            "once: see each record's load average).")
+            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs: several runs at "
+            "once (see each record's load average), and paused for minutes at a time while timing benchmarks ran. "
+            "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
     if any(result["missing"].values()):
         text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
                  "the finished records of the same method)")
