@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -230,6 +231,42 @@ def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.T
     one-token probe response (the pad id, masked in), i.e. after the last input token."""
     probe = torch.full((len(ids), 1), policy.pad_token_id, dtype=torch.long)
     return policy.values(CRITIC, ids, mask, probe, torch.ones_like(probe))[:, 0]
+
+
+def central_context(
+    gens: Mapping[str, Any], roles: Sequence[str], role: str, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centralised critic's context for ``role``'s response, as PPO and CORY use it (``--critic
+    central``): per row, every other role's prompt and response (roles in env order), then ``role``'s
+    own prompt -> (N, L) ids, mask, left-padded (:func:`critic_inputs`). The critic reads ``role``'s
+    response tokens after it, so its value before each of them has seen every agent's prompt and
+    response (the later tokens of ``role``'s own response excepted, as a token-level value must).
+    ``gens``: role -> ``agents.Generation`` of one batch (rows aligned across roles)."""
+    others = [r for r in roles if r != role]
+    n = len(gens[role].prompt_ids)
+    empty = torch.zeros((n, 0), dtype=torch.long)
+    prompts = {r: (gens[r].prompt_ids, gens[r].prompt_mask) for r in [*others, role]}
+    responses = {r: (gens[r].response_ids, gens[r].response_mask) for r in others}
+    responses[role] = (empty, empty)
+    return critic_inputs(prompts, responses, [*others, role], pad_id)
+
+
+def central_forward(
+    policy: Any,
+    model: str,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    context: tuple[torch.Tensor, torch.Tensor],
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy.forward(model, ..., with_values=True)`` with the values of the central critic instead
+    of ``model``'s own head: (N, T) log-probs of ``model``'s response under its adapter and (N, T) values
+    of the critic adapter reading ``context`` (:func:`central_context`) then the same response tokens."""
+    logprobs = policy.logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+    values = policy.values(CRITIC, context[0], context[1], response_ids, response_mask)
+    return logprobs, values
 
 
 def value_loss(

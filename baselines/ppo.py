@@ -107,6 +107,10 @@ class Config:
     """Clip each agent's gradient norm; 0 disables clipping."""
     eta: float = 0.01
     """Weight of the KL in the logged combined metric ``r - eta * KL`` (logging only)."""
+    critic: Literal["per-agent", "central"] = "per-agent"
+    """Value function: ``per-agent`` (a value head on each model's adapter: IAC) or ``central`` (one
+    critic adapter + value head, MAAC's, shared by every model, reading every agent's prompt and response
+    before the scored tokens; its own optimizer at learning_rate; baselines/maac.py)."""
 
     eval_every: int = 0
     """Evaluate every this many iterations (0: only before and after training)."""
@@ -200,6 +204,8 @@ class Config:
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
+        if self.critic not in ("per-agent", "central"):
+            raise ValueError(f"critic must be 'per-agent' or 'central', got {self.critic!r}")
 
     def scoring_temperature(self) -> float:
         """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
@@ -438,17 +444,26 @@ class Experience:
     returns: torch.Tensor
     kl: torch.Tensor
     scores: torch.Tensor
+    critic_context: tuple[torch.Tensor, torch.Tensor] | None = None
+    """``--critic central``: the central critic's (N, L) context ids and mask (``maac.central_context``)."""
 
 
 @torch.no_grad()
 def make_experience(
-    policy: Any, model: str, gen: Any, scores: torch.Tensor, kl_coef: float, config: Config
+    policy: Any, model: str, gen: Any, scores: torch.Tensor, kl_coef: float, config: Config,
+    critic_context: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Experience:
-    """Score one agent's rollout: old log-probs and values (one forward with its adapter), reference
-    log-probs (adapters off, on the same prompt), per-token rewards, GAE."""
+    """Score one agent's rollout: old log-probs and values (one forward with its adapter; the central
+    critic's values given ``critic_context``), reference log-probs (adapters off, on the same prompt),
+    per-token rewards, GAE."""
+    from baselines.maac import central_forward
+
     args = (gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
     temperature = config.scoring_temperature()
-    old_logprobs, old_values = policy.forward(model, *args, with_values=True, temperature=temperature)
+    if critic_context is None:
+        old_logprobs, old_values = policy.forward(model, *args, with_values=True, temperature=temperature)
+    else:
+        old_logprobs, old_values = central_forward(policy, model, *args, critic_context, temperature)
     ref_logprobs = policy.ref_logprobs(model, *args, temperature=temperature)
     mask = gen.response_mask.to(old_logprobs.device)
     rewards, kl = token_rewards(scores.to(old_logprobs.device), old_logprobs, ref_logprobs, mask, kl_coef)
@@ -457,14 +472,16 @@ def make_experience(
         from baselines.distributed import world_size
 
         advantages = whiten(advantages, mask, across_ranks=world_size() > 1)
-    return Experience(*args, old_logprobs, old_values, advantages, returns, kl, scores)
+    return Experience(*args, old_logprobs, old_values, advantages, returns, kl, scores, critic_context)
 
 
 def ppo_update(
-    policy: Any, optimizer: torch.optim.Optimizer, model: str, exp: Experience, config: Config
+    policy: Any, optimizer: torch.optim.Optimizer, model: str, exp: Experience, config: Config,
+    critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, float]:
     """``num_ppo_epochs`` passes of shuffled minibatches over one agent's experience; returns the means
-    of the losses and diagnostics.
+    of the losses and diagnostics. ``critic_optimizer`` (``--critic central``): the central critic's,
+    stepped on the value loss of the same minibatches (``exp`` holds the critic's context).
 
     With several processes each rank holds its contiguous block of the batch's rows. Every rank
     shuffles the *global* row order the same way (rank 0's permutation), so a minibatch is the same
@@ -485,7 +502,10 @@ def ppo_update(
         k: []
         for k in ("policy_loss", "value_loss", "loss", "clip_fraction", "value_clip_fraction", "approx_kl", "grad_norm")
     }
-    params = policy.parameters(model)
+    from baselines.maac import CRITIC
+
+    critic_params = [] if critic_optimizer is None else policy.parameters(CRITIC)
+    params = policy.parameters(model, value_head=critic_optimizer is None)  # a central critic: no own head
     for epoch in range(config.num_ppo_epochs):
         order = distributed.broadcast(torch.randperm(n_total))
         for start in range(0, n_total, size):
@@ -496,6 +516,8 @@ def ppo_update(
                 denominator = float(lengths[batch].sum())
                 batch = batch[(batch >= offset) & (batch < offset + n)] - offset
             optimizer.zero_grad(set_to_none=True)
+            if critic_optimizer is not None:
+                critic_optimizer.zero_grad(set_to_none=True)
             if len(batch):
                 values_out = _minibatch_loss(policy, model, exp, batch, config, denominator)
             else:  # this rank holds none of the minibatch's episodes: its share of every sum is 0
@@ -518,6 +540,11 @@ def ppo_update(
             else:
                 norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
             optimizer.step()
+            if critic_optimizer is not None:  # the value loss's gradient reaches only the critic
+                distributed.all_reduce_grads(critic_params, "sum")
+                if config.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)
+                critic_optimizer.step()
             for key, value in values_out.items():
                 stats[key].append(float(value.detach()))
             stats["grad_norm"].append(float(norm))
@@ -533,11 +560,15 @@ def _minibatch_loss(
 ) -> dict[str, torch.Tensor]:
     """Clipped policy and value losses of one minibatch's ``rows`` (token means, or token sums over
     ``denominator``) and their diagnostics."""
+    from baselines.maac import central_forward
+
     mask = exp.response_mask[rows]
-    logprobs, values = policy.forward(
-        model, exp.prompt_ids[rows], exp.prompt_mask[rows], exp.response_ids[rows], mask, with_values=True,
-        temperature=config.scoring_temperature(),
-    )
+    args = (exp.prompt_ids[rows], exp.prompt_mask[rows], exp.response_ids[rows], mask)
+    if exp.critic_context is None:
+        logprobs, values = policy.forward(model, *args, with_values=True, temperature=config.scoring_temperature())
+    else:
+        context = (exp.critic_context[0][rows], exp.critic_context[1][rows])
+        logprobs, values = central_forward(policy, model, *args, context, config.scoring_temperature())
     mask = mask.to(logprobs.device)
     pg_loss, clip_frac = clipped_policy_loss(
         logprobs, exp.old_logprobs[rows], exp.advantages[rows], mask, config.clip_eps, denominator
@@ -633,8 +664,13 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         raise ValueError(f"{learner} trains single-turn episodes; {config.env} has num_turns={num_turns}")
     models = list(roles if models is None else models)
     assign = assign or (lambda _iteration: {r: r for r in roles})
+    from baselines.maac import CRITIC, central_context
+
+    critic = [CRITIC] if config.critic == "central" else []  # the central critic: one more adapter
+    if critic and CRITIC in models:
+        raise ValueError(f"--critic central names its adapter {CRITIC!r}, which is also a model of {config.env!r}")
     policy = MultiAgentPolicy.from_pretrained(
-        models,
+        [*models, *critic],
         config.model,
         dtype=config.dtype,
         device=distributed.device_for("data-parallel", models, info, config.device)[models[0]],
@@ -652,7 +688,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         **config.env_kwargs(),
     )
     n_train = len(venv.envs[0].task.problems("train"))
-    optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in models}
+    optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in [*models, *critic]}
     controllers = {m: kl_controller(config) for m in models}
 
     start, extra = 0, {}
@@ -669,7 +705,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         start, extra = int(trainer["step"]), dict(trainer["extra"])
         for m, value in extra["kl_coef"].items():
             controllers[m].value = float(value)
-    all_params = [p for m in models for p in policy.parameters(m)]
+    all_params = [p for m in optimizers for p in policy.parameters(m)]
     distributed.broadcast_params(all_params)  # identical replicas whatever each rank's RNG did
     logger = None
     if main_rank:
@@ -784,7 +820,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             metrics = {}
             for role, model in players.items():
                 scores = torch.as_tensor(returns[role], dtype=torch.float32)
-                exp = make_experience(policy, model, gens[role], scores, controllers[model].value, config)
+                context = central_context(gens, roles, role, policy.pad_token_id) if critic else None
+                exp = make_experience(policy, model, gens[role], scores, controllers[model].value, config, context)
                 # Per-episode values of every rank, in rank order (this rank's own in one process).
                 rows = distributed.gather_rows(
                     {
@@ -797,7 +834,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                 value_sum = distributed.all_sum(exp.old_values.sum())
                 token_sum = distributed.all_sum(exp.response_mask.sum())
                 kl = float(rows["kl"].mean())
-                stats = ppo_update(policy, optimizers[model], model, exp, config)
+                stats = ppo_update(policy, optimizers[model], model, exp, config, optimizers.get(CRITIC))
                 task = float(np.mean(distributed.gather_rows(role_scores(returns, infos, role))))
                 prefix = f"agent_{model}/"
                 metrics.update({prefix + k: v for k, v in stats.items()})

@@ -47,8 +47,11 @@ def test_value_loss_and_whiten_by_hand():
     assert w.mean().item() == pytest.approx(0.0) and w.std().item() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("field", "value"), [("clip_value", -1.0), ("num_epochs", 0), ("loss_aggregation", "max"), ("checkpoint_every", -1),
-                          ("seed_per_problem", "yes")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("clip_value", -1.0), ("num_epochs", 0), ("loss_aggregation", "max"), ("checkpoint_every", -1),
+     ("seed_per_problem", "yes")],
+)
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         Config(**{field: value})
