@@ -723,11 +723,12 @@ def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> Any:
     """A batch of ``num_envs`` envs: :class:`~llm_envs.core.vector.VectorEnv` for ids registered as
-    parallel, :class:`SequentialVectorEnv` for sequential-only ids (CORY's)."""
+    parallel, :class:`SequentialVectorEnv` for sequential-only ids (CORY's); ``protocol=`` in
+    ``kwargs`` overrides the id's registered protocol."""
     from llm_envs.core.registry import spec
     from llm_envs.core.vector import VectorEnv
 
-    if spec(env_id).protocol == "sequential":
+    if (kwargs.pop("protocol", None) or spec(env_id).protocol) == "sequential":
         return SequentialVectorEnv(env_id, num_envs, **kwargs)
     return VectorEnv(env_id, num_envs, **kwargs)
 

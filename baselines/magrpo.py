@@ -75,6 +75,10 @@ class Config:
     """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
     expert_max_new_tokens: int = 64
     """Longest suggestion of the --transition expert model."""
+    protocol: Literal["auto", "parallel", "sequential"] = "auto"
+    """The env's protocol: ``auto`` (the id's registered one), ``parallel`` (all agents at once) or
+    ``sequential`` (agents in order, each seeing the earlier agents' responses of the turn; tree
+    rollouts only, baselines/tree.py)."""
     grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
     """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
     samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
@@ -271,6 +275,25 @@ class Config:
                 )
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
+        if self.protocol not in ("auto", "parallel", "sequential"):
+            raise ValueError(f"protocol must be 'auto', 'parallel' or 'sequential', got {self.protocol!r}")
+        if self.resolved_protocol() == "sequential" and not self.uses_tree():
+            raise ValueError(
+                f"protocol={self.protocol!r} is sequential for {self.env!r} and rollout='linear': sequential "
+                "episodes are played as trees here (baselines/tree.py); use rollout='tree'"
+            )
+
+    def resolved_protocol(self) -> str:
+        """The protocol in force (``auto``: the env id's registered one; an unknown id counts as
+        parallel here and is reported when the env is built)."""
+        if self.protocol != "auto":
+            return self.protocol
+        from llm_envs.core.registry import spec
+
+        try:
+            return spec(self.env).protocol
+        except KeyError:
+            return "parallel"
 
     def scoring_temperature(self) -> float:
         """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
@@ -294,6 +317,8 @@ class Config:
             kwargs["max_source_words"] = self.max_source_words
         if self.data_path is not None:
             kwargs["data_path"] = self.data_path
+        if self.protocol != "auto":
+            kwargs["protocol"] = self.protocol
         if self.transition is not None and self.transition != "expert":
             kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
         return kwargs
@@ -547,7 +572,7 @@ def update_agent(
 
     def chunks(gen: Any) -> list[slice]:
         n, size = len(gen.response_mask), rows_per_pass(gen)
-        return [slice(i, i + size) for i in range(0, n, size)] or [slice(0, 0)]
+        return [slice(i, i + size) for i in range(0, n, size)]  # none for a turn without rows
 
     ref = []
     if config.kl_coef > 0:
@@ -557,7 +582,7 @@ def update_agent(
                 policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
                                     gen.response_mask[c], temperature=config.scoring_temperature())
                 for c in chunks(gen)
-            ]))
+            ]) if len(gen.response_mask) else gen.response_mask.float())
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
@@ -646,6 +671,7 @@ def main(config: Config) -> dict[str, float]:
         check_run_dir,
         evaluate,
         interrupted,
+        make_vector_env,
         plot_metrics,
         probe_env,
         resume_checkpoint,
@@ -653,7 +679,6 @@ def main(config: Config) -> dict[str, float]:
         seed_everything,
     )
     from baselines.samples import SampleWriter
-    from llm_envs.core.vector import VectorEnv
 
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -664,11 +689,6 @@ def main(config: Config) -> dict[str, float]:
         raise ValueError(
             f"seed_per_problem=False with {info.world_size} processes: each process would sample its share "
             "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
-        )
-    if info.distributed and config.uses_tree():
-        raise ValueError(
-            f"rollout={config.rollout!r}, joint_mode={config.joint_mode!r} runs in one process only (tree levels "
-            f"differ in size between processes); got {info.world_size} processes"
         )
     if config.num_problems < info.world_size:
         raise ValueError(
@@ -699,7 +719,7 @@ def main(config: Config) -> dict[str, float]:
         backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
-    venv = VectorEnv(
+    venv = make_vector_env(  # parallel, or sequential (trees only)
         config.env,
         n_local,
         max_new_tokens=config.max_new_tokens,
@@ -813,7 +833,9 @@ def main(config: Config) -> dict[str, float]:
 
                 tree_seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
                 tree_options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
-                metrics = tree.train_step(policy, optimizers, venv.envs[0], tree_seeds, tree_options, config)
+                sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
+                metrics = tree.train_step(policy, optimizers, venv.envs[0], tree_seeds, tree_options, config,
+                                          sample_seeds if per_problem else None)
                 t_rollout = metrics.pop("charts/rollout_s")
                 joint_samples = int(metrics["charts/joint_rewards"])
             else:
