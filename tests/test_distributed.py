@@ -322,7 +322,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     5 + 4), adapters and value heads identical on both ranks. Minibatches of 3 from a shared shuffle
     of the global rows, so most straddle the ranks; whitening, the value loss, the adaptive KL
     controller, rank-0 evaluation and a pause/resume after iteration 1 are all exercised. CORY (two
-    models on the sequential pioneer -> observer env, roles swapped after iteration 1) likewise."""
+    models on the sequential pioneer -> observer env, roles swapped after iteration 1) likewise, with
+    per-model value heads and with the centralised critic."""
     from test_ppo import tiny_ppo
 
     from baselines import cory, ppo
@@ -346,6 +347,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
             }
         ),
     }
+    # CORY with the centralised critic (--critic central): its gradients are summed over ranks too.
+    configs["cory_central"] = dataclasses.replace(configs["cory"], run_name="cory_central", critic="central")
     spec = tmp_path / "spec.json"
     spec.write_text(
         json.dumps(
@@ -362,6 +365,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     try:
         one = ppo.main(dataclasses.replace(configs["ppo"], output_dir=str(tmp_path / "one")))
         cory.main(dataclasses.replace(configs["cory"], output_dir=str(tmp_path / "one")))
+        cory.main(dataclasses.replace(configs["cory_central"], output_dir=str(tmp_path / "one")))
         output, _ = launch.communicate(timeout=240)
     finally:
         if launch.poll() is None:  # the launcher and its workers, nothing else: they share a new session
@@ -615,6 +619,8 @@ def ppo_worker(spec: dict) -> None:
     captured["policy"].save(out / f"ppo.rank{rank}")
     cory.main(cory.Config(**{**spec["configs"]["cory"], "output_dir": str(out)}))
     captured["policy"].save(out / f"cory.rank{rank}")
+    cory.main(cory.Config(**{**spec["configs"]["cory_central"], "output_dir": str(out)}))
+    captured["policy"].save(out / f"cory_central.rank{rank}")
 
 
 def worker(spec_path: str) -> None:
