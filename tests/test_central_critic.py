@@ -18,10 +18,10 @@ from test_ppo import tiny_ppo
 
 from agents import Generation
 from baselines import cory, ppo
-from baselines.cli import main as cli
 from baselines.checkpoints import find_checkpoint
-from baselines.metrics import read_metrics
+from baselines.cli import main as cli
 from baselines.maac import CRITIC, central_context, central_forward
+from baselines.metrics import read_metrics
 
 
 def generation(agent: str, prompts: list[list[int]], responses: list[list[int]], pad: int = 0) -> Generation:
