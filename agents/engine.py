@@ -2,8 +2,9 @@
 
 At RL batch sizes a decode step costs what reading the weights and launching its ops cost, not what
 its rows cost (docs/agents.md has the measurements): 8 rows cost what 4 cost. So the engine decodes
-the rows of *all* agents together, through one forward per step of a hand-written decoder for the
-Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) that needs few, large ops:
+the rows of *all* agents together, through one forward per step of the hand-written decoder for the
+Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) in :mod:`agents.decoder`, which needs
+few, large ops (the policy's scoring and training passes use the same decoder over whole rows):
 
 - the frozen base's q/k/v and gate/up projections run as one matmul each (their weights are laid
   out contiguously once, with no copy kept: the model's own weights become views of the fused ones);
@@ -38,45 +39,28 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""``config.model_type`` values the engine decodes itself."""
+from agents.decoder import (
+    SUPPORTED_MODEL_TYPES,
+    Attend,
+    Block,
+    FusedDecoder,
+    bucket_length,
+    decoder_support,
+    pad_left,
+)
 
+__all__ = [
+    "SUPPORTED_MODEL_TYPES", "TOP_P_CANDIDATES", "Block", "RolloutEngine", "engine_support", "row_seed",
+    "sampling_distribution",
+]
 
-def engine_support(model: Any) -> str | None:
-    """``None`` when the engine can decode ``model`` (a causal LM, possibly wrapped by PEFT), else the
-    reason it cannot (then the policy falls back to ``model.generate``)."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = causal_lm.config
-    kind = getattr(config, "model_type", None)
-    if kind not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} (the engine implements SiLU-gated MLPs)"
-    if getattr(config, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp > 1"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) is not False:
-        if kind == "mistral" or getattr(config, "use_sliding_window", False):
-            return "sliding-window attention"
-    layers = getattr(getattr(causal_lm, "model", None), "layers", None)
-    if layers is None or not hasattr(causal_lm, "lm_head"):
-        return "the model has no model.layers / lm_head layout"
-    attn = layers[0].self_attn
-    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
-        return "q/k normalisation (Qwen3-style attention)"
-    for module in causal_lm.modules():
-        magnitude = getattr(module, "lora_magnitude_vector", None)
-        if magnitude is not None and len(magnitude):
-            return "DoRA adapters"
-    if hasattr(causal_lm.lm_head, "base_layer"):
-        return "a LoRA adapter on the LM head"
-    return None
+engine_support = decoder_support
+"""``None`` when the engine can decode ``model``, else why not (:func:`agents.decoder.decoder_support`)."""
 
 
 def row_seed(seed: int, agent: str, sample: int) -> int:
@@ -86,216 +70,12 @@ def row_seed(seed: int, agent: str, sample: int) -> int:
     return int(np.random.SeedSequence([int(seed), zlib.crc32(agent.encode()), int(sample)]).generate_state(1)[0])
 
 
-@dataclass
-class Block:
-    """Consecutive rows of one agent: ``adapter`` is the PEFT adapter name, or ``None`` for the base."""
-
-    adapter: str | None
-    rows: int
-
-
-@dataclass
-class _Projection:
-    """One fused frozen projection and the modules it stands for (to find their LoRA weights)."""
-
-    weight: torch.Tensor  # (out_total, in)
-    bias: torch.Tensor | None
-    modules: list[Any]
-    sizes: list[int]
-
-
-def _base(module: Any) -> Any:
-    return module.base_layer if hasattr(module, "base_layer") else module
-
-
-class RolloutEngine:
+class RolloutEngine(FusedDecoder):
     """Batched multi-adapter decoding for one Llama-family causal LM (possibly wrapped by PEFT).
 
-    Built once per policy; :meth:`generate` is called with rows grouped by agent. The base model's
-    weights are fused in place the first time (q/k/v and gate/up become views of one tensor each),
-    and again if they were replaced (``model.to(...)``); with ``trainable_base`` (full fine-tuning)
-    the fused weights are copies made per call instead, so training never sees views.
+    Built once per policy; :meth:`generate` is called with rows grouped by agent. The forward itself
+    (fused weights, stacked LoRA, layers) is :class:`agents.decoder.FusedDecoder`'s.
     """
-
-    def __init__(self, model: Any, *, trainable_base: bool = False) -> None:
-        reason = engine_support(model)
-        if reason is not None:
-            raise ValueError(f"the rollout engine cannot decode this model: {reason}")
-        self.model = model
-        self.causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self.trainable_base = trainable_base
-        config = self.causal_lm.config
-        self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
-        hidden = int(config.hidden_size)
-        self.head_dim = int(getattr(config, "head_dim", None) or hidden // self.num_heads)
-        self.eps = float(config.rms_norm_eps)
-        self._fused: list[dict[str, _Projection]] | None = None
-
-    # ------------------------------------------------------------------ weights
-    def _fuse(self, modules: list[Any]) -> _Projection:
-        bases = [_base(m) for m in modules]
-        weights = [b.weight for b in bases]
-        biases = [b.bias for b in bases]
-        sizes = [int(w.shape[0]) for w in weights]
-        with torch.no_grad():
-            if len(weights) == 1:
-                weight = weights[0].detach()
-            else:
-                weight = torch.cat([w.detach() for w in weights])
-            if len(weights) > 1 and not self.trainable_base:
-                start = 0
-                for b, size in zip(bases, sizes):
-                    b.weight.data = weight[start : start + size]  # a view: no second copy of the base
-                    start += size
-            bias = None
-            if any(x is not None for x in biases):
-                bias = torch.cat(
-                    [x.detach() if x is not None else w.new_zeros(w.shape[0]) for x, w in zip(biases, weights)]
-                )
-        return _Projection(weight, bias, modules, sizes)
-
-    def _weights(self) -> list[dict[str, _Projection]]:
-        layers = self.causal_lm.model.layers
-        fused = self._fused
-        if fused is not None and not self.trainable_base:
-            q = _base(layers[0].self_attn.q_proj).weight
-            down = _base(layers[-1].mlp.down_proj).weight
-            if q.data_ptr() == fused[0]["qkv"].weight.data_ptr() and down.data_ptr() == fused[-1][
-                "down"
-            ].weight.data_ptr():
-                return fused
-        fused = []
-        for layer in layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            fused.append(
-                {
-                    "qkv": self._fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
-                    "o": self._fuse([attn.o_proj]),
-                    "gate_up": self._fuse([mlp.gate_proj, mlp.up_proj]),
-                    "down": self._fuse([mlp.down_proj]),
-                }
-            )
-        if not self.trainable_base:
-            self._fused = fused
-        return fused
-
-    def _lora(
-        self, proj: _Projection, blocks: Sequence[Block], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Stacked LoRA factors of ``proj`` for each block: A (n_blocks, in, R) and B (n_blocks, R, out)
-        with the scaling folded into B and the modules' ranks side by side (B block-diagonal).
-        ``None`` when no block has an adapter on this projection."""
-        n_in = proj.weight.shape[1]
-        out_total = proj.weight.shape[0]
-        per_module: list[list[tuple[torch.Tensor, torch.Tensor] | None]] = []
-        rank_of: list[int] = [0] * len(proj.modules)
-        any_lora = False
-        for block in blocks:
-            row = []
-            for j, module in enumerate(proj.modules):
-                lora_a = getattr(module, "lora_A", None)
-                if block.adapter is None or lora_a is None or block.adapter not in lora_a:
-                    row.append(None)
-                    continue
-                a = module.lora_A[block.adapter].weight  # (r, in)
-                b = module.lora_B[block.adapter].weight * module.scaling[block.adapter]  # (out, r)
-                rank_of[j] = max(rank_of[j], int(a.shape[0]))
-                row.append((a, b))
-                any_lora = True
-            per_module.append(row)
-        if not any_lora:
-            return None
-        total_rank = sum(rank_of)
-        device = proj.weight.device
-        a_stack = torch.zeros(len(blocks), n_in, total_rank, dtype=dtype, device=device)
-        b_stack = torch.zeros(len(blocks), total_rank, out_total, dtype=dtype, device=device)
-        for i, row in enumerate(per_module):
-            r0, o0 = 0, 0
-            for j, pair in enumerate(row):
-                if pair is not None:
-                    a, b = pair
-                    r = a.shape[0]
-                    a_stack[i, :, r0 : r0 + r] = a.detach().t().to(dtype)
-                    b_stack[i, r0 : r0 + r, o0 : o0 + proj.sizes[j]] = b.detach().t().to(dtype)
-                r0 += rank_of[j]
-                o0 += proj.sizes[j]
-        return a_stack, b_stack
-
-    # ------------------------------------------------------------------ forward
-    def _project(
-        self, x: torch.Tensor, proj: _Projection, lora: tuple[torch.Tensor, torch.Tensor] | None, blocks: list[int]
-    ) -> torch.Tensor:
-        """(N, S, in) -> (N, S, out): the frozen projection plus each row block's LoRA."""
-        out = F.linear(x, proj.weight, proj.bias)
-        if lora is None:
-            return out
-        a_stack, b_stack = lora
-        n, s = x.shape[0], x.shape[1]
-        x = x.to(a_stack.dtype)  # adapters run in float32, as PEFT runs them (and CPU bmm is fast there)
-        if len(set(blocks)) == 1:
-            xs = x.reshape(len(blocks), blocks[0] * s, x.shape[-1])
-            delta = torch.bmm(torch.bmm(xs, a_stack), b_stack).view(n, s, -1)
-        else:
-            parts, start = [], 0
-            for i, rows in enumerate(blocks):
-                xs = x[start : start + rows].reshape(rows * s, x.shape[-1])
-                parts.append((xs @ a_stack[i]) @ b_stack[i])
-                start += rows
-            delta = torch.cat(parts).view(n, s, -1)
-        return out + delta.to(out.dtype)
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            # As transformers' LlamaRMSNorm (exactly, so fp32 greedy decoding matches generate).
-            return weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
-        # One fused op in half precision (it accumulates in float32).
-        return F.rms_norm(x, (x.shape[-1],), weight=weight, eps=self.eps)
-
-    def _layers(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        caches: list[tuple[torch.Tensor, torch.Tensor]],
-        start: int,
-        attn_mask: torch.Tensor,
-        weights: list[dict[str, _Projection]],
-        loras: list[dict[str, Any]],
-        blocks: list[int],
-    ) -> torch.Tensor:
-        """Run every decoder layer on ``hidden`` (N, S, H) at cache columns ``start .. start+S-1``."""
-        n, s, _ = hidden.shape
-        h, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        layers = self.causal_lm.model.layers
-        half = hd // 2
-        for layer, w, lora, (k_cache, v_cache) in zip(layers, weights, loras, caches):
-            x = self._norm(hidden, layer.input_layernorm.weight)
-            qkv = self._project(x, w["qkv"], lora["qkv"], blocks).view(n, s, h + 2 * kvh, hd)
-            qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
-            # RoPE on q and k at once (rotate_half as in transformers).
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
-            q = qk[:, :, :h].transpose(1, 2)  # (N, h, S, hd)
-            k_cache[:, :, start : start + s] = qk[:, :, h:].transpose(1, 2)
-            v_cache[:, :, start : start + s] = v.transpose(1, 2)
-            end = start + s
-            attn = F.scaled_dot_product_attention(
-                q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=attn_mask, enable_gqa=kvh != h
-            )
-            attn = attn.transpose(1, 2).reshape(n, s, h * hd)
-            hidden = hidden + self._project(attn, w["o"], lora["o"], blocks)
-            x = self._norm(hidden, layer.post_attention_layernorm.weight)
-            gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
-            hidden = hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
-        return hidden
-
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (N, S, 1, hd) for ``positions`` (N, S), from the model's own rotary module."""
-        rotary = self.causal_lm.model.rotary_emb
-        probe = torch.empty(0, dtype=dtype, device=positions.device)
-        cos, sin = rotary(probe, positions)
-        return cos.to(dtype).unsqueeze(2), sin.to(dtype).unsqueeze(2)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
@@ -331,6 +111,8 @@ class RolloutEngine:
         device = ids.device
         dtype = self.causal_lm.get_input_embeddings().weight.dtype
         weights = self._weights()
+        history = ids  # for the repetition penalty, as generate's input_ids (before the bucket's pads)
+        ids, mask = pad_left(ids, mask, bucket_length(ids.shape[1]), pad_token_id)
         g = num_samples
         n = len(ids) * g
         eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)), device=device)
@@ -371,7 +153,8 @@ class RolloutEngine:
         prefill_mask = (causal & pre_mask.bool()[:, None, :]) | diagonal
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self._layers(
-            hidden, cos, sin, pre_caches, 0, prefill_mask[:, None], weights, loras, [b.rows for b in pre_blocks]
+            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self.num_heads != self.num_kv_heads),
+            weights, loras, [b.rows for b in pre_blocks],
         )
         last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
 
@@ -381,7 +164,7 @@ class RolloutEngine:
         del pre_caches
         block_rows = [r for r, c in zip(row_blocks, pre_counts) if c > 0]
         last = last[sample_source]
-        history = ids.repeat_interleave(g, 0)  # for the repetition penalty, as generate's input_ids
+        history = history.repeat_interleave(g, 0)
         key_mask = torch.zeros(n, total, dtype=torch.bool, device=device)
         key_mask[:, :width] = mask.repeat_interleave(g, 0).bool()
         position = positions[:, -1][sample_source]  # (N,) position of each row's last token
@@ -425,10 +208,10 @@ class RolloutEngine:
             key_mask[:, width + t] = True
             cos, sin = self._rope(position[:, None], dtype)
             hidden = self.causal_lm.model.embed_tokens(step_ids)
-            hidden = self._layers(
-                hidden, cos, sin, caches, width + t, key_mask[:, None, None, : width + t + 1], weights, loras,
-                block_rows,
+            attend = _cached(
+                caches, width + t, key_mask[:, None, None, : width + t + 1], self.num_heads != self.num_kv_heads
             )
+            hidden = self._layers(hidden, cos, sin, attend, weights, loras, block_rows)
             last = self.causal_lm.model.norm(hidden)
         response = out_ids[:, :steps]
         logprobs = out_logprobs[:, :steps]
@@ -465,6 +248,24 @@ class RolloutEngine:
         index = _draw(probs, generators)
         token = index if indices is None else indices.gather(1, index[:, None]).squeeze(1)
         return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+def _cached(
+    caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor, gqa: bool
+) -> Attend:
+    """Attention that writes each layer's new keys and values at cache columns ``start ..`` and attends
+    over the cache up to them."""
+
+    def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = caches[index]
+        end = start + q.shape[2]
+        k_cache[:, :, start:end] = k
+        v_cache[:, :, start:end] = v
+        return F.scaled_dot_product_attention(
+            q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, enable_gqa=gqa
+        )
+
+    return attend
 
 
 TOP_P_CANDIDATES = 1024

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from agents.memory import release_memory
 from agents.models import load_model
 from llm_envs.tokenizers import load_tokenizer
 
@@ -220,7 +221,12 @@ class MultiAgentPolicy:
             call (PEFT mixed-adapter batches) instead of one call per agent.
         backend: ``"auto"`` (default): the rollout engine (:mod:`agents.engine`: all agents' rows in
             one decode loop) when it supports the model, else ``transformers``' ``generate``;
-            ``"engine"`` (an error if unsupported) or ``"generate"``.
+            ``"engine"`` (an error if unsupported) or ``"generate"``. With the engine, scoring and
+            training passes also run through its fused forward (:mod:`agents.decoder`; the model's own
+            forward through PEFT for LoRA dropout in gradient passes and for full fine-tuning); with
+            ``"generate"``, through the model's own forward.
+        gradient_checkpointing: in the fused forward's gradient passes, recompute each layer in the
+            backward instead of keeping its activations (less memory, ~20% more update time).
     """
 
     def __init__(
@@ -234,6 +240,7 @@ class MultiAgentPolicy:
         sampling: Sampling = Sampling(),
         mixed_batches: bool = True,
         backend: str = "auto",
+        gradient_checkpointing: bool = True,
     ) -> None:
         self.agents: tuple[str, ...] = _check_agent_names(agents)
         if backend not in BACKENDS:
@@ -304,6 +311,9 @@ class MultiAgentPolicy:
         ]
         self._training = False
         self.model.eval()
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        """Gradient passes of the fused forward recompute each layer in the backward instead of keeping
+        its activations (docs/agents.md: about 1/10 of the update's memory for ~20% more update time)."""
         from agents.engine import RolloutEngine, engine_support
 
         self.engine: RolloutEngine | None = None
@@ -468,24 +478,92 @@ class MultiAgentPolicy:
         return p_ids, p_mask, r_ids, r_mask
 
     # ------------------------------------------------------------------ scoring
+    def _fused(self) -> bool:
+        """Whether scoring passes run through the fused decoder (:mod:`agents.decoder`) rather than the
+        model's own forward through PEFT: with the engine backend and LoRA adapters, except for
+        gradient passes in train mode with LoRA dropout (PEFT draws dropout per adapted module)."""
+        if self.engine is None or self.lora is None:
+            return False
+        return not (torch.is_grad_enabled() and self._training and self.lora.dropout > 0)
+
     def _score(
         self,
         p_ids: torch.Tensor,
         p_mask: torch.Tensor,
         r_ids: torch.Tensor,
         r_mask: torch.Tensor,
+        adapter: str | None,
         value_agent: str | None,
         temperature: float = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with_reference: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(B, T) log-probs under ``adapter`` (``None``: the base), values from ``value_agent``'s head and,
+        with ``with_reference``, the base's log-probs too (one forward of both row blocks when fused)."""
         width, length = p_ids.shape[1], r_ids.shape[1]
         if length == 0:
             empty = r_ids.new_zeros(r_ids.shape, dtype=torch.float32)
-            return empty, (empty if value_agent is not None else None)
+            return empty, (empty if value_agent is not None else None), (empty if with_reference else None)
         input_ids = torch.cat([p_ids, r_ids], dim=1)  # (B, P+T)
         attention_mask = torch.cat([p_mask, r_mask], dim=1)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         # Position P-1+t predicts response token t: the last prompt token predicts the first.
         keep = torch.arange(width - 1, width + length - 1, device=self.device)
+        if self._fused():
+            from agents.decoder import Block, bucket_length, chosen_logprobs, pad_left
+
+            rows = len(input_ids)
+            bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
+            keep = keep + (bucket - input_ids.shape[1])
+            input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, self.pad_token_id)
+            blocks = [Block(adapter, rows)]
+            if with_reference:
+                blocks.append(Block(None, rows))
+                input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
+            assert self.engine is not None
+            hidden = self.engine.hidden_states(  # (B or 2B, T, H)
+                input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing
+            )
+            head = self._causal_lm.lm_head
+            targets = r_ids.repeat(len(blocks), 1)
+            if head.bias is None:
+                scores = chosen_logprobs(hidden, head.weight, targets, temperature)  # chunked over the vocabulary
+            else:
+                scores = self._token_logprobs(head(hidden), targets, r_mask.repeat(len(blocks), 1), temperature)
+            scores = scores.masked_fill(r_mask.repeat(len(blocks), 1) == 0, 0.0)
+            values = None
+            if value_agent is not None:
+                assert self.value_heads is not None
+                values = self.value_heads[value_agent](hidden[:rows].float()).squeeze(-1).masked_fill(r_mask == 0, 0.0)
+            return scores[:rows], values, (scores[rows:] if with_reference else None)
+
+        logprobs, values = self._score_hf(input_ids, attention_mask, keep, r_ids, r_mask, adapter, value_agent,
+                                          temperature)
+        ref = None
+        if with_reference:
+            ref = self._score_hf(input_ids, attention_mask, keep, r_ids, r_mask, None, None, temperature)[0]
+        return logprobs, values, ref
+
+    def _score_hf(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        keep: torch.Tensor,
+        r_ids: torch.Tensor,
+        r_mask: torch.Tensor,
+        adapter: str | None,
+        value_agent: str | None,
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's own forward (through PEFT): ``adapter`` active, or the reference when ``None``."""
+        model = self.model
+        context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if adapter is None:
+            if self.lora is None:
+                model = self._reference
+            else:
+                context = self.model.disable_adapter()
+        else:
+            self._set_agent(adapter)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         captured: list[torch.Tensor] = []
         hook = None
         if value_agent is not None:
@@ -497,28 +575,36 @@ class MultiAgentPolicy:
             hook = body.register_forward_hook(grab)
         try:
             kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._keeps_logits else {}
-            logits = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=False,
-                **kwargs,
-            ).logits
+            with context:
+                logits = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=False,
+                    **kwargs,
+                ).logits
         finally:
             if hook is not None:
                 hook.remove()
         if not self._keeps_logits:
             logits = logits[:, keep]
-        logits = logits.float()  # (B, T, V)
-        if temperature != 1.0:
-            logits = logits / temperature
-        chosen = logits.gather(-1, r_ids.unsqueeze(-1)).squeeze(-1)
-        logprobs = (chosen - logits.logsumexp(-1)).masked_fill(r_mask == 0, 0.0)  # (B, T)
+        logprobs = self._token_logprobs(logits, r_ids, r_mask, temperature)
         values = None
         if value_agent is not None:
+            assert self.value_heads is not None
             hidden = captured[-1][:, keep].float()  # (B, T, H)
             values = self.value_heads[value_agent](hidden).squeeze(-1).masked_fill(r_mask == 0, 0.0)
         return logprobs, values
+
+    @staticmethod
+    def _token_logprobs(
+        logits: torch.Tensor, r_ids: torch.Tensor, r_mask: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        """(B, T, V) logits -> (B, T) float32 log-probs of the response tokens, 0 on pads."""
+        if temperature != 1.0:
+            logits = logits.float() / temperature
+        logprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # one fused pass over the vocabulary
+        return logprobs.gather(-1, r_ids.unsqueeze(-1)).squeeze(-1).masked_fill(r_mask == 0, 0.0)
 
     def forward(
         self,
@@ -541,10 +627,12 @@ class MultiAgentPolicy:
         if with_values and self.value_heads is None:
             raise ValueError("with_values=True needs a policy built with value_head=True")
         tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
-        self._set_agent(agent)
         # A pass without gradients scores (old log-probs, values): no dropout, whatever the mode.
         with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
-            return self._score(*tensors, value_agent=agent if with_values else None, temperature=temperature)
+            logprobs, values, _ = self._score(
+                *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature
+            )
+        return logprobs, values
 
     def logprobs(
         self,
@@ -588,15 +676,41 @@ class MultiAgentPolicy:
         self._check_agent(agent)
         _check_temperature(temperature)
         tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
-        if self.lora is None:
-            live = self.model
-            try:
-                self.model = self._reference
-                return self._score(*tensors, value_agent=None, temperature=temperature)[0]
-            finally:
-                self.model = live
-        with self.model.disable_adapter(), self._eval_mode():
-            return self._score(*tensors, value_agent=None, temperature=temperature)[0]
+        with self._eval_mode():
+            return self._score(*tensors, adapter=None, value_agent=None, temperature=temperature)[0]
+
+    @torch.no_grad()
+    def score(
+        self,
+        agent: str,
+        prompt_ids: ArrayLike,
+        prompt_mask: ArrayLike,
+        response_ids: ArrayLike,
+        response_mask: ArrayLike,
+        *,
+        with_values: bool = False,
+        with_reference: bool = False,
+        temperature: float = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Everything an update reads before its first gradient step, in as few passes as possible:
+        (B, T) log-probs under ``agent``'s policy, its values (``with_values``) and the reference's
+        log-probs (``with_reference``); ``None`` for what was not asked. No grad, no dropout.
+
+        With the engine backend the policy's rows and the reference's rows go through one forward
+        (two row blocks: the adapter's and the bare base's) and values come from the same hidden
+        states; otherwise it is :meth:`forward` then :meth:`ref_logprobs`. The numbers equal those
+        calls' either way.
+        """
+        _check_temperature(temperature)
+        self._check_agent(agent)
+        if with_values and self.value_heads is None:
+            raise ValueError("with_values=True needs a policy built with value_head=True")
+        tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
+        with self._eval_mode():
+            return self._score(
+                *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature,
+                with_reference=with_reference,
+            )
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -689,6 +803,8 @@ class MultiAgentPolicy:
             logprob_temperature=logprob_temperature,
         )
         if self.engine is not None:
+            # The last update's activations are freed by now: give their pages back before decoding.
+            release_memory()
             return self._engine_generate(rows, num_samples, seeds, settings)
         if seeds is not None:
             return self._generate_seeded(rows, num_samples, seeds, settings)

@@ -166,7 +166,8 @@ def tyro_error_line(text: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     import llm_envs
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.common import CheckpointError, evaluate, find_checkpoint
+    from baselines.checkpoints import CheckpointError, find_checkpoint
+    from baselines.evaluation import evaluate
 
     env_id, model = args.env, args.model
     env_kwargs: dict = {}
@@ -199,6 +200,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if env_id not in llm_envs.list_envs():
         print(f"unknown env {env_id!r}; see `llm-envs list`", file=sys.stderr)
         return 2
+    if args.top_k < 0:
+        print(f"--top-k must be >= 0 (0 disables it), got {args.top_k}", file=sys.stderr)
+        return 2
     if args.k is not None and max(args.k) > args.num_samples:
         print(f"--k {max(args.k)} needs --num-samples >= {max(args.k)}, got {args.num_samples}", file=sys.stderr)
         return 2
@@ -228,7 +232,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ks = args.k if args.k is not None else [k for k in (1, 5, 10) if k <= args.num_samples]
     result = evaluate(
         policy, env_id, num_problems=args.num_problems, num_samples=args.num_samples,
-        max_new_tokens=max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        max_new_tokens=max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         greedy=greedy, ks=ks, seed=args.seed, env_kwargs=env_kwargs, adapters=adapters,
     )
     print(json.dumps({"env": env_id, "checkpoint": None if checkpoint is None else str(checkpoint),
@@ -237,7 +241,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from baselines.common import METRICS_FILE, plot_metrics
+    from baselines.metrics import METRICS_FILE
+    from baselines.plots import plot_metrics
 
     path = Path(args.path)
     if path.is_dir():
@@ -298,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", action="store_true", help="sample even with one sample per problem (default: greedy)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=0.9, help="nucleus mass (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 disables it (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response length (default: the checkpoint's, else the env's: 256 on GSM8K)")
     p.add_argument("--max-source-words", type=int, default=None, help="writing envs: cut sources to N words")
@@ -333,7 +339,7 @@ def _warnings_in_one_line(default):
     """``warnings.showwarning`` that prints llm-envs' own warnings as one line (others as before)."""
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        from baselines.common import CheckpointFallbackWarning
+        from baselines.checkpoints import CheckpointFallbackWarning
 
         if issubclass(category, CheckpointFallbackWarning):
             print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)

@@ -38,8 +38,7 @@ class Config(ppo.Config):
 
     learner: ClassVar[str] = LEARNER
 
-    env: str = "sentiment/imdb-cory-v0"
-    """Registered env id with two roles acting in order (pioneer, observer): a sequential env."""
+    env: str = "sentiment/imdb-cory-v0"  # a sequential env with two roles acting in order
     swap_every: int = 5
     """Exchange the two models' roles every this many iterations (the paper: 5); 0 never swaps."""
 

@@ -24,6 +24,8 @@ plain ``llm-envs train magrpo`` runs exactly as before. Under a launcher each pr
 ``all_reduce_grads``       sum (or mean) of ``.grad`` over ranks, one flat buffer per call
 ``broadcast_params``       copy rank 0's parameter values to every rank
 ``broadcast``              rank 0's tensor on every rank (e.g. a shared shuffled order)
+``global_minibatches``     shuffled minibatches of the global batch (PPO): this rank's rows of each
+                           and the minibatch's global token count
 ``reduce_metrics``         weighted mean (or sum) of a metrics dict over ranks
 ``gather_rows``            concatenation over ranks (rank order) of per-row arrays or tensors
 ``check_in_sync``          raise if the ranks' parameters differ (a cheap checksum per rank)
@@ -50,7 +52,7 @@ import atexit
 import datetime
 import hashlib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -58,6 +60,8 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from baselines.tensors import strip_left_padding
 
 Placement = Literal["data-parallel", "agent-per-device"]
 PLACEMENTS: tuple[str, ...] = ("data-parallel", "agent-per-device")
@@ -280,6 +284,37 @@ def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
     return buf.to(tensor.device)
 
 
+def global_minibatches(
+    tokens: torch.Tensor, size: int, epochs: int
+) -> Iterator[tuple[int, torch.Tensor, float | None]]:
+    """``epochs`` passes of shuffled minibatches of ``size`` rows over the global batch (every rank's
+    rows, in rank order). Yields ``(epoch, rows, denominator)``: this rank's rows of the minibatch as
+    local indices (possibly none) and the minibatch's global token count (None with one process, where
+    the rows are the whole minibatch). ``tokens``: (n,) the tokens of each of this rank's rows. Every
+    rank draws the same order (rank 0's permutation), so a minibatch is the same set of rows as in one
+    process.
+
+    >>> _ = torch.manual_seed(0)
+    >>> [(epoch, rows.tolist()) for epoch, rows, _ in global_minibatches(torch.ones(3), 2, 1)]
+    [(0, [2, 0]), (0, [1])]
+    """
+    n = len(tokens)
+    offset, n_total, lengths = 0, n, None
+    if _active():
+        counts = gather_rows(torch.tensor([n], dtype=torch.long))
+        offset, n_total = int(counts[: rank()].sum()), int(counts.sum())
+        lengths = gather_rows(tokens.double().cpu())  # (n_total,)
+    size = min(size, n_total)
+    for epoch in range(epochs):
+        order = broadcast(torch.randperm(n_total))
+        for start in range(0, n_total, size):
+            batch = order[start : start + size]
+            if lengths is None:
+                yield epoch, batch, None
+            else:
+                yield epoch, batch[(batch >= offset) & (batch < offset + n)] - offset, float(lengths[batch].sum())
+
+
 def _gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -427,8 +462,6 @@ def generate_per_group(
     A group's samples are therefore the same whatever else is in the batch (what makes ranks of a
     data-parallel run agree with one process). Returns ``{agent: Generation}`` of all rows in order,
     prompts stripped of the columns that are padding in every row."""
-    from baselines.common import strip_left_padding
-
     rows = {len(pair[0]) for pair in prompts.values()}
     if len(rows) != 1:
         raise ValueError(f"every agent needs the same number of prompt rows, got {sorted(rows)}")

@@ -78,7 +78,7 @@ summary { cursor: pointer; color: var(--accent); }
 # ----------------------------------------------------------------------------------------- inputs
 def _read_config(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(config, trainer record without config) of the run's newest checkpoint, or (None, {})."""
-    from baselines.common import CheckpointError, find_checkpoint
+    from baselines.checkpoints import CheckpointError, find_checkpoint
 
     try:
         trainer = json.loads((find_checkpoint(run_dir) / "trainer.json").read_text(encoding="utf-8"))
@@ -103,7 +103,7 @@ def _curves_svg(metrics_path: Path) -> str | None:
     """The learning curves (``plot_metrics``) as inline SVG markup, or None when there is nothing to plot."""
     import matplotlib
 
-    from baselines.common import plot_metrics
+    from baselines.plots import plot_metrics
 
     # A fixed salt makes the SVG's element ids, and so the whole page, the same for the same run.
     with tempfile.TemporaryDirectory() as tmp, matplotlib.rc_context({"svg.hashsalt": "llm-envs-report"}):
@@ -316,7 +316,7 @@ def _section_training(samples: Sequence[Mapping[str, Any]] | None) -> str:
 # ----------------------------------------------------------------------------------------- main
 def build_report(run_dir: str | os.PathLike[str]) -> str:
     """The report of ``run_dir`` as one HTML document (a string)."""
-    from baselines.common import METRICS_FILE, read_metrics
+    from baselines.metrics import METRICS_FILE, read_metrics
     from baselines.samples import SAMPLES_FILE, read_samples
 
     run = Path(run_dir)

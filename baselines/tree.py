@@ -251,7 +251,7 @@ def _expand_parallel(
 ) -> tuple[dict[str, Any], list[list[_Outcome]]]:
     """Every agent samples G responses at every node (one ``generate_joint`` call); each joint action
     steps its own copy of the node's env."""
-    from baselines.common import pad_actions, strip_left_padding
+    from baselines.tensors import pad_actions, strip_left_padding
 
     combos = joint_indices(len(agents), g, mode)
     prompts = {}
@@ -281,7 +281,7 @@ def _expand_sequential(
     """Agents in turn order: each answers the prompt of every partial joint action so far (its env
     copy, holding the earlier agents' responses), G samples per prompt for the first agent and in
     cross mode, one in aligned mode; one ``generate_joint`` call per agent for the whole level."""
-    from baselines.common import pad_actions, strip_left_padding
+    from baselines.tensors import pad_actions, strip_left_padding
 
     length = frontier[0].env.max_new_tokens
     # Per node: the partial joint actions so far, (env after them, each earlier agent's sample index).
@@ -347,7 +347,7 @@ def tree_advantages(
     generations). ``agent-turn``: one group per node and G consecutive samples (this agent's G samples
     under one history; a node of the sequential cross mode has several); ``problem-turn``: one group
     per problem and level."""
-    from baselines.magrpo import group_advantages
+    from baselines.policy_gradient import group_advantages
 
     g = num_generations
     out = []
@@ -409,7 +409,8 @@ def train_step(
     import time
 
     from baselines import distributed
-    from baselines.magrpo import Turn, update_agent
+    from baselines.play import Turn
+    from baselines.policy_gradient import update_agent
 
     t0 = time.perf_counter()
     sampling = dict(

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from baselines import cory, ppo
-from baselines.common import read_metrics, smooth
+from baselines.metrics import read_metrics
+from baselines.plots import smooth
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 SETTINGS: dict[str, Any] = dict(

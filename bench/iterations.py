@@ -51,7 +51,7 @@ BEFORE = {
 CHILD = """
 import json, resource, sys
 from baselines import cory, magrpo, ppo
-from baselines.common import read_metrics
+from baselines.metrics import read_metrics
 import tyro
 module = {"magrpo": magrpo, "ppo": ppo, "cory": cory}[sys.argv[1]]
 config = tyro.cli(module.Config, args=sys.argv[2:])

@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from agents import LoraSettings, MultiAgentPolicy
-from baselines.common import seed_everything
-from baselines.magrpo import Config, discounted_returns, group_advantages, rollout, update_agent
+from baselines.magrpo import Config
+from baselines.play import rollout
+from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
+from baselines.rng import seed_everything
 from llm_envs.core.vector import VectorEnv
 
 
@@ -27,9 +29,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--max-source-words", type=int, default=60)
+    parser.add_argument("--micro-batch-tokens", type=int, default=Config.micro_batch_tokens,
+                        help="the update's token budget per forward/backward (MAGRPO's --micro-batch-tokens)")
     args = parser.parse_args()
     config = Config(num_problems=8, num_generations=4, max_new_tokens=48, temperature=0.7, top_p=0.9,
-                    max_source_words=args.max_source_words, progress=False, tensorboard=False)
+                    max_source_words=args.max_source_words, progress=False, tensorboard=False,
+                    micro_batch_tokens=args.micro_batch_tokens)
     rng = seed_everything(0)
     n = config.num_problems * config.num_generations
     venv = VectorEnv(config.env, n, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
@@ -54,7 +59,8 @@ def main() -> None:
         "samples_per_s": round(n / s_per_it, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "agents": len(agents), "problems": config.num_problems, "G": config.num_generations,
-        "max_new_tokens": config.max_new_tokens, "threads": torch.get_num_threads(),
+        "max_new_tokens": config.max_new_tokens, "micro_batch_tokens": config.micro_batch_tokens,
+        "threads": torch.get_num_threads(),
     }))
 
 

@@ -31,6 +31,7 @@ import torch
 
 from agents import LoraSettings, MultiAgentPolicy
 from baselines import magrpo, tree
+from baselines.play import rollout
 from llm_envs.core.vector import VectorEnv
 
 ENV = "writing/xsum-v0"
@@ -58,7 +59,7 @@ def main() -> None:
         return tree.count_responses(levels)
 
     def run_linear(i: int) -> int:
-        turns = magrpo.rollout(policy, linear_envs, [i] * LINEAR_G, [{"task_index": i}] * LINEAR_G, config)
+        turns = rollout(policy, linear_envs, [i] * LINEAR_G, [{"task_index": i}] * LINEAR_G, config)
         return sum(int(t.responses[a].response_ids.shape[0]) for t in turns for a in t.responses)
 
     paths = {"tree": run_tree, "linear": run_linear}

@@ -1,5 +1,8 @@
 """llm-envs: multi-agent environments in which language models collaborate on text tasks.
 
+``make(id)`` builds one env (PettingZoo's parallel or AEC API, by the id's protocol); ``make_vec(id, n)``
+a batch of n envs stepped together (:mod:`llm_envs.core.vector`). Nothing here imports torch.
+
 >>> import llm_envs
 >>> "writing/xsum-v0" in llm_envs.list_envs()
 True
@@ -7,20 +10,24 @@ True
 
 from llm_envs.core.registry import describe_envs, list_envs, make, make_aec, register, spec
 from llm_envs.core.task import Context, Response, Task, TemplateTask, TurnRecord
+from llm_envs.core.vector import SequentialVectorEnv, VectorEnv, make_vec
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Context",
     "Response",
+    "SequentialVectorEnv",
     "Task",
     "TemplateTask",
     "TurnRecord",
+    "VectorEnv",
     "__version__",
     "describe_envs",
     "list_envs",
     "make",
     "make_aec",
+    "make_vec",
     "register",
     "spec",
 ]

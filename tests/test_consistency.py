@@ -104,7 +104,7 @@ def test_lora_dropout_follows_train_mode(tokenizer):
 
 def test_evaluate_restores_every_generator(monkeypatch, tiny_model_dir):
     """``torch.manual_seed`` reseeds every CUDA generator; evaluation must fork them all (faked: no GPU)."""
-    from baselines.common import evaluate
+    from baselines.evaluation import evaluate
 
     policy = MultiAgentPolicy.from_pretrained(["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4))
     states = {0: torch.tensor([1]), 1: torch.tensor([2])}

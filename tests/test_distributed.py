@@ -130,8 +130,9 @@ def tiny_policy(tiny_model_dir):
     from agents import LoraSettings, MultiAgentPolicy
 
     torch.manual_seed(0)
-    return MultiAgentPolicy.from_pretrained(
-        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False
+    return MultiAgentPolicy.from_pretrained(  # float32: exact comparisons (bf16 rounds with the batch's shape)
+        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
+        dtype="float32",
     )
 
 
@@ -179,7 +180,8 @@ def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_m
                 p.add_(0.01 * torch.randn_like(p))
     tiny_policy.save(tmp_path / "shared")
     split = distributed.AgentPerDevicePolicy.from_pretrained(
-        tiny_policy.agents, tiny_model_dir, {"brief": "cpu", "detailed": "cpu"}, lora=LoraSettings(rank=4, alpha=8.0)
+        tiny_policy.agents, tiny_model_dir, {"brief": "cpu", "detailed": "cpu"}, lora=LoraSettings(rank=4, alpha=8.0),
+        dtype="float32",
     )
     split.load(tmp_path / "shared")
     ids, mask = prompt_batch(4, seed=2)
@@ -222,7 +224,7 @@ def policy_tensors(policy_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def training_rows(run_dir: Path) -> list[dict[str, float]]:
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     keep = ("reward/", "losses/", "agent_", "charts/episode_return", "charts/reward_std")
     return [
@@ -286,7 +288,7 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
 
 
 def training_eval(run_dir: Path) -> float:
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     return [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval/total" in row][-1]["eval/total"]
 
@@ -373,7 +375,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     print(f"1 + 2 processes took {time.perf_counter() - start:.1f} s")
     assert launch.returncode == 0, output[-4000:]
 
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     def rows(run_dir: Path) -> list[dict[str, float]]:
         keep = ("reward/", "losses/", "agent_")
@@ -665,4 +667,4 @@ if __name__ == "__main__":
 else:
     from test_magrpo import tiny_config
 
-    from baselines.common import find_checkpoint
+    from baselines.checkpoints import find_checkpoint

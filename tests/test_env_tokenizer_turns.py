@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import llm_envs
-from baselines.common import SequentialVectorEnv
-from llm_envs.core.vector import VectorEnv
+from llm_envs.core.vector import SequentialVectorEnv, VectorEnv
 
 ALL_IDS = llm_envs.list_envs()
 

@@ -15,9 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-import baselines.common
+import baselines.evaluation
+import baselines.play
 from baselines import cory, maac, magrpo, ppo
-from baselines.common import find_checkpoint, read_metrics
+from baselines.checkpoints import find_checkpoint
+from baselines.metrics import read_metrics
 
 # Wall-clock metrics differ between any two runs.
 TIMING = (
@@ -85,11 +87,11 @@ def run_state(run_dir) -> dict:
 def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: int) -> None:
     """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there)."""
     if what == "rollout":
-        owner, name = (magrpo, "rollout") if module in (magrpo, maac) else (baselines.common, "play_episodes")
+        owner, name = (module, "rollout") if module in (magrpo, maac) else (baselines.play, "play_episodes")
     elif what == "update":
-        owner, name = (magrpo if module in (magrpo, maac) else ppo), update_name
+        owner, name = (module if module in (magrpo, maac) else ppo), update_name
     else:
-        owner, name = baselines.common, "evaluate"
+        owner, name = baselines.evaluation, "evaluate"
     real, calls = getattr(owner, name), []
 
     def interrupting(*args, **kwargs):

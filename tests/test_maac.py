@@ -71,7 +71,8 @@ def tiny_maac(model_dir: str, tmp_path, **overrides) -> Config:
 def test_smoke_changes_actors_and_critic(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from baselines.common import find_checkpoint, read_metrics
+    from baselines.checkpoints import find_checkpoint
+    from baselines.metrics import read_metrics
 
     config = tiny_maac(tiny_model_dir, tmp_path)
     result = maac.main(config)

@@ -18,8 +18,11 @@ import pytest
 import torch
 
 from baselines import magrpo
-from baselines.common import CheckpointError, find_checkpoint, masked_mean, read_metrics, strip_left_padding
-from baselines.magrpo import Config, discounted_returns, group_advantages, kl_to_reference, policy_gradient_loss
+from baselines.checkpoints import CheckpointError, find_checkpoint
+from baselines.magrpo import Config
+from baselines.metrics import read_metrics
+from baselines.policy_gradient import discounted_returns, group_advantages, kl_to_reference, policy_gradient_loss
+from baselines.tensors import masked_mean, strip_left_padding
 
 # ----------------------------------------------------------------------------------------- math
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0], [5.0, 5.0, 5.0, 5.0]])
@@ -296,7 +299,7 @@ def test_bad_checkpoints_give_clear_errors(tiny_model_dir, tmp_path):
     ],
 )
 def test_eval_pass_at_k_against_hand_computed_cases(values, n_problems, n_samples, ks, expected):
-    from baselines.common import pass_metrics
+    from baselines.evaluation import pass_metrics
 
     got = pass_metrics({"reward_tests": values, "reward_syntax": [1.0] * len(values)}, ["syntax", "tests"],
                        n_problems, n_samples, ks)
@@ -306,7 +309,7 @@ def test_eval_pass_at_k_against_hand_computed_cases(values, n_problems, n_sample
 
 
 def test_eval_pass_at_k_per_role_on_cory_components():
-    from baselines.common import pass_metrics
+    from baselines.evaluation import pass_metrics
 
     info = {"reward_correct_pioneer": [1, 0], "reward_correct_observer": [1, 1]}
     assert pass_metrics(info, ["correct_pioneer", "correct_observer"], 1, 2, [1]) == {

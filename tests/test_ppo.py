@@ -16,18 +16,13 @@ import torch
 from test_magrpo import adapter_state
 
 from baselines import ppo
+from baselines.checkpoints import find_checkpoint
 from baselines.cli import main as cli
-from baselines.common import SequentialVectorEnv, find_checkpoint, read_metrics
-from baselines.ppo import (
-    AdaptiveKLController,
-    Config,
-    FixedKLController,
-    clipped_policy_loss,
-    clipped_value_loss,
-    gae,
-    token_rewards,
-    whiten,
-)
+from baselines.experience import gae, token_rewards, whiten
+from baselines.kl_control import AdaptiveKLController, FixedKLController
+from baselines.metrics import read_metrics
+from baselines.ppo import Config, clipped_policy_loss, clipped_value_loss
+from llm_envs.core.vector import SequentialVectorEnv
 
 
 # ----------------------------------------------------------------------------------------- math

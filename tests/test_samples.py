@@ -13,7 +13,7 @@ from test_magrpo import tiny_config
 
 import llm_envs
 from baselines import cory, magrpo
-from baselines.common import read_metrics
+from baselines.metrics import read_metrics
 from baselines.samples import SAMPLES_FILE, TRAIN_EPISODES, SampleWriter, markdown, read_samples, table
 
 

@@ -67,10 +67,30 @@ def _slot_uids() -> range:
     return range(first, first + NUM_UID_SLOTS)
 
 
+def _ours(pid: int) -> bool:
+    """Whether ``pid`` descends from this test process, or was orphaned (a survivor whose parent exited):
+    another test process's workers on the same machine are not this test's business."""
+    me = os.getpid()
+    for hop in range(64):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            return False
+        if ppid == me or (hop == 0 and ppid <= 1):
+            return True
+        if ppid <= 1:
+            return False
+        pid = ppid
+    return False
+
+
 def _own_sandbox_processes() -> list[int]:
     """Live processes started by this test process's sandbox runs, the fork servers excepted."""
     uids = set(_slot_uids())
     servers = _server_pids()
+    # This checkout's worker only: other checkouts' runs on the same machine are not this test's business.
+    worker = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), "_sandbox_worker.py").encode()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) in servers:
@@ -83,7 +103,7 @@ def _own_sandbox_processes() -> list[int]:
             uid = entry.stat().st_uid
         except OSError:
             continue
-        if state != "Z" and (uid in uids or (b"_sandbox_worker.py" in cmdline and uid == os.getuid())):
+        if state != "Z" and (uid in uids or (worker in cmdline and uid == os.getuid() and _ours(int(entry.name)))):
             found.append(int(entry.name))
     return found
 

@@ -381,7 +381,7 @@ def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides)
     from test_magrpo import adapter_state, tiny_config
 
     from baselines import magrpo
-    from baselines.common import read_metrics
+    from baselines.metrics import read_metrics
 
     if overrides.get("transition") == "expert":
         overrides = {**overrides, "expert_model": tiny_model_dir, "expert_max_new_tokens": 4}

@@ -2,7 +2,9 @@
 of a movie review so that the text reads as positive.
 
 =====================  ==========================================================================
-Ids                    ``sentiment/imdb-cory-v0`` (pioneer -> observer), ``sentiment/imdb-v0`` (one agent)
+Ids                    ``sentiment/imdb-cory-v0`` (pioneer -> observer), ``sentiment/imdb-v0`` (one agent),
+                       ``sentiment/imdb-cory-individual-v0`` (``imdb-cory-v0`` with ``individual_rewards=True``:
+                       CORY's ablation, ``llm-envs train cory --env sentiment/imdb-cory-individual-v0``)
 Protocol               ``imdb-cory-v0``: sequential only (the observer must see the pioneer's answer);
                        ``imdb-v0``: parallel (any protocol works with one agent)
 Agents                 ``pioneer`` continues the query; ``observer`` continues it again after seeing the
@@ -307,5 +309,12 @@ register(
     ImdbCoryTask,
     protocol="sequential",
     description=ImdbCoryTask.description,
+)
+register(
+    "sentiment/imdb-cory-individual-v0",
+    ImdbCoryTask,
+    protocol="sequential",
+    description="sentiment/imdb-cory-v0 with individual rewards: each role gets its own sentiment (CORY's ablation).",
+    individual_rewards=True,
 )
 register("sentiment/imdb-v0", ImdbTask, protocol="parallel", description=ImdbTask.description)

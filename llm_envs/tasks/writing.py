@@ -1,7 +1,8 @@
 """Writing collaboration (MAGRPO paper): two roles write complementary parts; one joint reward.
 
 =====================  ==========================================================================
-Ids                    ``writing/xsum-v0`` (offline default), ``writing/tldr-v0``, ``writing/arxiv-v0``
+Ids                    ``writing/xsum-v0`` (offline default), ``writing/tldr-v0``, ``writing/arxiv-v0``;
+                       ``writing/xsum-sequential-v0`` is ``writing/xsum-v0`` under the sequential protocol
 Protocol               parallel (both roles write at once); ``protocol="sequential"`` lets the second
                        role see the first role's text (the reference's "sequential" baseline)
 Agents                 TLDR / XSum: ``brief`` (a concise summary), ``detailed`` (a longer summary with
@@ -309,6 +310,13 @@ register(
     WritingTask,
     protocol="parallel",
     description="Brief + detailed summaries of XSum news articles (offline, 900/100 split). Default env.",
+    source="xsum",
+)
+register(
+    "writing/xsum-sequential-v0",
+    WritingTask,
+    protocol="sequential",
+    description="writing/xsum-v0 under the sequential protocol: the detailed role reads the brief one's text.",
     source="xsum",
 )
 register(

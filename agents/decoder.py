@@ -1,0 +1,449 @@
+"""A hand-written forward for the Llama family (Llama 2/3, SmolLM2, TinyLlama, Mistral, Qwen2) with one
+LoRA adapter per block of rows, shared by the rollout engine (:mod:`agents.engine`, decoding) and the
+policy's scoring and training passes (:meth:`agents.policy.MultiAgentPolicy.forward` and friends).
+
+Why not the model's own forward through PEFT: at RL sizes (a few rows of ~100 tokens, a 135M-1B model)
+a forward costs what launching its ops costs more than what its arithmetic costs. PEFT adds five to
+seven small ops and a float32 round trip per adapted linear layer, and transformers' attention picks a
+kernel whose backward is slow on CPU for short sequences. Here:
+
+- the frozen base's q/k/v and gate/up projections run as one matmul each (their weights are laid out
+  contiguously once, with no copy kept: the model's own weights become views of the fused ones);
+- each block's LoRA is applied with two float32 matmuls per fused projection
+  (``(blocks, rows, in) @ (blocks, in, r)`` then ``@ (blocks, r, out)``, scale folded in; float32 as
+  PEFT computes adapters). Built from the adapters' own parameters with differentiable ops, so
+  gradients reach each agent's ``lora_A``/``lora_B`` exactly as through PEFT;
+- RoPE is computed once per forward for all layers; full-sequence attention is written out
+  (``softmax(q k^T / sqrt(d) + mask) v``, softmax in float32 as transformers' eager attention) for
+  short sequences, whose backward that makes several times cheaper on CPU than the fused kernel,
+  and uses ``scaled_dot_product_attention`` for long ones, where the (S, S) scores would cost memory.
+
+The result equals the model's own forward (tests check log-probs and gradients against PEFT in
+float32); in bfloat16 the two differ by rounding only. :func:`decoder_support` says which models and
+adapters it covers (DoRA, LoRA on the LM head, q/k norms and sliding windows are not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""``config.model_type`` values the hand-written decoder covers."""
+
+MATH_ATTENTION_MAX_LENGTH = 512
+"""Full-sequence passes up to this many positions write attention out (fast backward on CPU); longer
+ones use ``scaled_dot_product_attention`` (memory linear in the length)."""
+
+
+def decoder_support(model: Any) -> str | None:
+    """``None`` when the decoder can run ``model`` (a causal LM, possibly wrapped by PEFT), else the
+    reason it cannot (then the policy uses the model's own ``forward``/``generate``)."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal_lm.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} (the engine implements SiLU-gated MLPs)"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True) is not False:
+        if kind == "mistral" or getattr(config, "use_sliding_window", False):
+            return "sliding-window attention"
+    layers = getattr(getattr(causal_lm, "model", None), "layers", None)
+    if layers is None or not hasattr(causal_lm, "lm_head"):
+        return "the model has no model.layers / lm_head layout"
+    attn = layers[0].self_attn
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return "q/k normalisation (Qwen3-style attention)"
+    for module in causal_lm.modules():
+        magnitude = getattr(module, "lora_magnitude_vector", None)
+        if magnitude is not None and len(magnitude):
+            return "DoRA adapters"
+    if hasattr(causal_lm.lm_head, "base_layer"):
+        return "a LoRA adapter on the LM head"
+    return None
+
+
+@dataclass
+class Block:
+    """Consecutive rows of one agent: ``adapter`` is the PEFT adapter name, or ``None`` for the base."""
+
+    adapter: str | None
+    rows: int
+
+
+@dataclass
+class _Projection:
+    """One fused frozen projection and the modules it stands for (to find their LoRA weights)."""
+
+    weight: torch.Tensor  # (out_total, in)
+    bias: torch.Tensor | None
+    modules: list[Any]
+    sizes: list[int]
+
+
+LoraStack = tuple[torch.Tensor, torch.Tensor]
+"""A (n_blocks, in, R) and B (n_blocks, R, out) of one fused projection."""
+
+# attend(layer index, q (N, h, S, hd), k (N, kvh, S, hd), v (N, kvh, S, hd)) -> (N, h, S, hd)
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def bucket_length(n: int) -> int:
+    """``n`` rounded up to a coarse grid: to a multiple of 1/32nd of the largest power of two <= ``n``,
+    and at least of 8 (so at most ~6% more positions, and 32 shapes an octave). Row lengths change with every
+    batch; each new shape costs a oneDNN primitive and leaves allocator fragments behind, and on a MAGRPO
+    run the resting RSS crept up by ~20 MB an iteration until shapes were bucketed (docs/agents.md)."""
+    step = max(8, 1 << max(0, n.bit_length() - 6))
+    return -(-n // step) * step
+
+
+def pad_left(ids: torch.Tensor, mask: torch.Tensor, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad (N, S) rows to ``width`` columns (masked pads: positions and results do not change)."""
+    extra = width - ids.shape[1]
+    if extra <= 0:
+        return ids, mask
+    return F.pad(ids, (extra, 0), value=pad_id), F.pad(mask, (extra, 0), value=0)
+
+
+def _base(module: Any) -> Any:
+    return module.base_layer if hasattr(module, "base_layer") else module
+
+
+class FusedDecoder:
+    """The forward of one Llama-family causal LM (possibly wrapped by PEFT) with per-row-block adapters.
+
+    The base model's weights are fused in place the first time (q/k/v and gate/up become views of one
+    tensor each), and again if they were replaced (``model.to(...)``); with ``trainable_base`` (full
+    fine-tuning) the fused weights are copies made per call instead, so training never sees views.
+    """
+
+    def __init__(self, model: Any, *, trainable_base: bool = False) -> None:
+        reason = decoder_support(model)
+        if reason is not None:
+            raise ValueError(f"the fused decoder cannot run this model: {reason}")
+        self.model = model
+        self.causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.trainable_base = trainable_base
+        config = self.causal_lm.config
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        hidden = int(config.hidden_size)
+        self.head_dim = int(getattr(config, "head_dim", None) or hidden // self.num_heads)
+        self.eps = float(config.rms_norm_eps)
+        self._fused: list[dict[str, _Projection]] | None = None
+
+    # ------------------------------------------------------------------ weights
+    def _fuse(self, modules: list[Any]) -> _Projection:
+        bases = [_base(m) for m in modules]
+        weights = [b.weight for b in bases]
+        biases = [b.bias for b in bases]
+        sizes = [int(w.shape[0]) for w in weights]
+        with torch.no_grad():
+            if len(weights) == 1:
+                weight = weights[0].detach()
+            else:
+                weight = torch.cat([w.detach() for w in weights])
+            if len(weights) > 1 and not self.trainable_base:
+                start = 0
+                for b, size in zip(bases, sizes):
+                    b.weight.data = weight[start : start + size]  # a view: no second copy of the base
+                    start += size
+            bias = None
+            if any(x is not None for x in biases):
+                bias = torch.cat(
+                    [x.detach() if x is not None else w.new_zeros(w.shape[0]) for x, w in zip(biases, weights)]
+                )
+        return _Projection(weight, bias, modules, sizes)
+
+    def _weights(self) -> list[dict[str, _Projection]]:
+        layers = self.causal_lm.model.layers
+        fused = self._fused
+        if fused is not None and not self.trainable_base:
+            q = _base(layers[0].self_attn.q_proj).weight
+            down = _base(layers[-1].mlp.down_proj).weight
+            if q.data_ptr() == fused[0]["qkv"].weight.data_ptr() and down.data_ptr() == fused[-1][
+                "down"
+            ].weight.data_ptr():
+                return fused
+        fused = []
+        for layer in layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            fused.append(
+                {
+                    "qkv": self._fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+                    "o": self._fuse([attn.o_proj]),
+                    "gate_up": self._fuse([mlp.gate_proj, mlp.up_proj]),
+                    "down": self._fuse([mlp.down_proj]),
+                }
+            )
+        if not self.trainable_base:
+            self._own_weights()
+            for projections in fused:  # the unfused projections now read the owned copies
+                for proj in projections.values():
+                    if len(proj.modules) == 1:
+                        proj.weight = _base(proj.modules[0]).weight.detach()
+            self._fused = fused
+        return fused
+
+    def _own_weights(self) -> None:
+        """Give the weights that were not fused their own memory too. A model loaded from safetensors
+        reads its weights from a mapping of the file; once the fused weights are copies, the mapping
+        would keep the originals of q/k/v and gate/up resident beside them (140 MB of a 135M model in
+        bf16). Copying the rest lets the mapping go: the base then costs its size once."""
+        with torch.no_grad():
+            for tensor in [*self.causal_lm.parameters(), *self.causal_lm.buffers()]:
+                if not tensor.is_cpu or tensor.requires_grad or tensor.untyped_storage().nbytes() > tensor.nbytes:
+                    continue  # device memory, an adapter, or a view of a fused weight: already owned
+                tensor.data = tensor.data.clone()
+
+    @staticmethod
+    def _adapter(module: Any, adapter: str | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A (r, in), B * scaling (out, r)) of ``adapter`` on ``module``, or ``None``."""
+        lora_a = getattr(module, "lora_A", None)
+        if adapter is None or lora_a is None or adapter not in lora_a:
+            return None
+        return module.lora_A[adapter].weight, module.lora_B[adapter].weight * module.scaling[adapter]
+
+    def _lora(self, proj: _Projection, blocks: Sequence[Block], dtype: torch.dtype) -> LoraStack | None:
+        """Stacked LoRA factors of ``proj`` for each block: A (n_blocks, in, R) and B (n_blocks, R, out)
+        with the scaling folded into B and the modules' ranks side by side (B block-diagonal). Built
+        with differentiable ops: under grad mode, gradients reach the adapters' parameters. ``None``
+        when no block has an adapter on this projection."""
+        pairs = [[self._adapter(module, block.adapter) for module in proj.modules] for block in blocks]
+        rank_of = [max((int(row[j][0].shape[0]) for row in pairs if row[j] is not None), default=0)
+                   for j in range(len(proj.modules))]
+        if not any(rank_of):
+            return None
+        n_in = proj.weight.shape[1]
+        device = proj.weight.device
+        a_rows, b_rows = [], []
+        for row in pairs:
+            a_parts, b_parts = [], []
+            for j, pair in enumerate(row):
+                rank, size = rank_of[j], proj.sizes[j]
+                if pair is None:
+                    a_parts.append(torch.zeros(n_in, rank, dtype=dtype, device=device))
+                    b_parts.append(torch.zeros(rank, size, dtype=dtype, device=device))
+                    continue
+                a, b = pair[0].t().to(dtype), pair[1].t().to(dtype)  # (in, r), (r, out)
+                if a.shape[1] < rank:  # adapters of different ranks side by side: pad with zeros
+                    a = F.pad(a, (0, rank - a.shape[1]))
+                    b = F.pad(b, (0, 0, 0, rank - b.shape[0]))
+                a_parts.append(a)
+                b_parts.append(b)
+            a_rows.append(torch.cat(a_parts, dim=1) if len(a_parts) > 1 else a_parts[0])
+            b_rows.append(torch.block_diag(*b_parts) if len(b_parts) > 1 else b_parts[0])
+        return torch.stack(a_rows), torch.stack(b_rows)
+
+    # ------------------------------------------------------------------ pieces of the forward
+    def _project(self, x: torch.Tensor, proj: _Projection, lora: LoraStack | None, blocks: list[int]) -> torch.Tensor:
+        """(N, S, in) -> (N, S, out): the frozen projection plus each row block's LoRA."""
+        out = F.linear(x, proj.weight, proj.bias)
+        if lora is None:
+            return out
+        a_stack, b_stack = lora
+        n, s = x.shape[0], x.shape[1]
+        x = x.to(a_stack.dtype)  # adapters run in float32, as PEFT runs them (and CPU bmm is fast there)
+        if len(blocks) == 1:
+            delta = (x @ a_stack[0]) @ b_stack[0]
+        elif len(set(blocks)) == 1:
+            xs = x.reshape(len(blocks), blocks[0] * s, x.shape[-1])
+            delta = torch.bmm(torch.bmm(xs, a_stack), b_stack).view(n, s, -1)
+        else:
+            parts, start = [], 0
+            for i, rows in enumerate(blocks):
+                xs = x[start : start + rows].reshape(rows * s, x.shape[-1])
+                parts.append((xs @ a_stack[i]) @ b_stack[i])
+                start += rows
+            delta = torch.cat(parts).view(n, s, -1)
+        return out + delta.to(out.dtype)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # As transformers' LlamaRMSNorm (exactly, so fp32 greedy decoding matches generate).
+            return weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        # One fused op in half precision (it accumulates in float32).
+        return F.rms_norm(x, (x.shape[-1],), weight=weight, eps=self.eps)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (N, S, 1, hd) for ``positions`` (N, S), from the model's own rotary module."""
+        rotary = self.causal_lm.model.rotary_emb
+        probe = torch.empty(0, dtype=dtype, device=positions.device)
+        cos, sin = rotary(probe, positions)
+        return cos.to(dtype).unsqueeze(2), sin.to(dtype).unsqueeze(2)
+
+    def _layers(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attend: Attend,
+        weights: list[dict[str, _Projection]],
+        loras: list[dict[str, LoraStack | None]],
+        blocks: list[int],
+        checkpoint: bool = False,
+    ) -> torch.Tensor:
+        """Run every decoder layer on ``hidden`` (N, S, H); ``attend`` does the attention proper (with a
+        KV cache when decoding). ``checkpoint``: under grad mode, recompute each layer in the backward
+        instead of keeping its activations."""
+        n, s, _ = hidden.shape
+        h, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        half = hd // 2
+
+        def run(index: int, layer: Any, w: dict[str, _Projection], lora: dict[str, LoraStack | None],
+                hidden: torch.Tensor) -> torch.Tensor:
+            x = self._norm(hidden, layer.input_layernorm.weight)
+            qkv = self._project(x, w["qkv"], lora["qkv"], blocks).view(n, s, h + 2 * kvh, hd)
+            qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
+            # RoPE on q and k at once (rotate_half as in transformers).
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin
+            q = qk[:, :, :h].transpose(1, 2)  # (N, h, S, hd)
+            attn = attend(index, q, qk[:, :, h:].transpose(1, 2), v.transpose(1, 2))
+            attn = attn.transpose(1, 2).reshape(n, s, h * hd)
+            hidden = hidden + self._project(attn, w["o"], lora["o"], blocks)
+            x = self._norm(hidden, layer.post_attention_layernorm.weight)
+            gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
+            return hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
+
+        for index, (layer, w, lora) in enumerate(zip(self.causal_lm.model.layers, weights, loras)):
+            if checkpoint and torch.is_grad_enabled():
+                # Keep only each layer's input; the backward recomputes the layer (exactly: no dropout here).
+                hidden = torch.utils.checkpoint.checkpoint(run, index, layer, w, lora, hidden, use_reentrant=False)
+            else:
+                hidden = run(index, layer, w, lora, hidden)
+        return hidden
+
+    # ------------------------------------------------------------------ full-sequence forward
+    def hidden_states(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        blocks: Sequence[Block],
+        keep: torch.Tensor,
+        *,
+        checkpoint: bool = False,
+    ) -> torch.Tensor:
+        """The final (normed) hidden states at positions ``keep`` of each row: (N, K, H).
+
+        Args:
+            ids, mask: (N, S) token ids and attention mask (any padding: positions follow the mask);
+                rows grouped by adapter as ``blocks`` says.
+            keep: (K,) positions whose hidden states are wanted (the LM head and value heads read them).
+            checkpoint: activation checkpointing per layer in gradient passes: a layer's activations
+                (~40 KB a token for SmolLM2-135M in bf16) are recomputed in the backward instead of kept,
+                for one more forward's time.
+
+        Differentiable in the adapters (and in a trainable base) under torch's grad mode.
+        """
+        if sum(b.rows for b in blocks) != len(ids):
+            raise ValueError(f"blocks cover {sum(b.rows for b in blocks)} rows, the batch has {len(ids)}")
+        if self.trainable_base:
+            raise ValueError("hidden_states needs a frozen base (the fused weights are not the model's)")
+        weights = self._weights()
+        dtype = self.causal_lm.get_input_embeddings().weight.dtype
+        # Over whole rows the adapters compute in the base's precision, as under autocast (their weights,
+        # gradients and optimizer state stay float32): in bfloat16 these matmuls are ~2x faster on CPU.
+        loras = [{k: self._lora(p, blocks, dtype) for k, p in w.items()} for w in weights]
+        s = ids.shape[1]
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cos, sin = self._rope(positions, dtype)
+        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
+        # Pad queries attend to themselves only, so no row of the softmax is empty.
+        allowed = ((causal & mask.bool()[:, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device))[:, None]
+        attend = self._attention(allowed, dtype, s)
+        hidden = self.causal_lm.model.embed_tokens(ids)
+        hidden = self._layers(hidden, cos, sin, attend, weights, loras, [b.rows for b in blocks], checkpoint)
+        return self.causal_lm.model.norm(hidden[:, keep])
+
+    def _attention(self, allowed: torch.Tensor, dtype: torch.dtype, length: int) -> Attend:
+        """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees."""
+        groups = self.num_heads // self.num_kv_heads
+        if length > MATH_ATTENTION_MAX_LENGTH:
+
+            def fused(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=groups != 1)
+
+            return fused
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+        scale = self.head_dim**-0.5
+
+        def written_out(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if groups != 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * scale + bias
+            return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
+
+        return written_out
+
+
+HEAD_CHUNK_ELEMENTS = 1 << 22
+"""Logits computed at once by :func:`chosen_logprobs`: rows of (vocabulary) logits per chunk, ~16 MB
+of float32."""
+
+
+def chosen_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """``log_softmax(hidden @ weight.T / temperature)[..., ids]`` in float32, never holding more than
+    :data:`HEAD_CHUNK_ELEMENTS` logits: the LM head and the log-softmax run chunk by chunk, and the
+    backward recomputes each chunk's softmax instead of keeping the (tokens, vocabulary) float32
+    log-probs (~600 KB a token for a 49k vocabulary, more than all of a checkpointed layer stack).
+
+    Args:
+        hidden: (..., H) final hidden states; weight: (V, H) frozen LM head; ids: (...) token ids.
+    Returns (...) float32 log-probs; differentiable in ``hidden``.
+    """
+    if weight.requires_grad:
+        raise ValueError("chosen_logprobs needs a frozen LM head (it returns no gradient for it)")
+    shape = ids.shape
+    out = _ChosenLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, ids.reshape(-1), float(temperature))
+    return out.view(shape)
+
+
+class _ChosenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def _logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
+        logits = (hidden @ weight.t()).float()  # rounded to the model's precision first, as lm_head(...)
+        return logits if temperature == 1.0 else logits / temperature
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float):
+        rows = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
+        out = torch.empty(len(ids), dtype=torch.float32, device=hidden.device)
+        normalizer = torch.empty_like(out)
+        for i in range(0, len(ids), rows):
+            logits = _ChosenLogprobs._logits(hidden[i : i + rows], weight, temperature)
+            normalizer[i : i + rows] = logits.logsumexp(-1)
+            out[i : i + rows] = logits.gather(1, ids[i : i + rows, None]).squeeze(1) - normalizer[i : i + rows]
+        ctx.save_for_backward(hidden, weight, ids, normalizer)
+        ctx.temperature, ctx.rows = temperature, rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        hidden, weight, ids, normalizer = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        grad_hidden = torch.empty_like(hidden)
+        for i in range(0, len(ids), ctx.rows):
+            part = slice(i, i + ctx.rows)
+            logits = _ChosenLogprobs._logits(hidden[part], weight, ctx.temperature)
+            g = grad[part, None]
+            # d logp(id) / d logits = onehot(id) - softmax, times the incoming gradient and 1/temperature.
+            grad_logits = (logits - normalizer[part, None]).exp_().mul_(-g)
+            grad_logits.scatter_add_(1, ids[part, None], g)
+            if ctx.temperature != 1.0:
+                grad_logits.div_(ctx.temperature)
+            grad_hidden[part] = grad_logits.to(weight.dtype) @ weight
+        return grad_hidden, None, None, None

@@ -1,0 +1,333 @@
+"""Checkpoints of a run and ``--resume``.
+
+=========================  ==========================================================================
+``TrainerState``           everything a checkpoint holds, copied at an iteration boundary
+``save_checkpoint``        policy adapters, optimizers, RNG states, step and config, written to a
+                           temporary directory and moved into place with ``os.replace``; ``latest``
+                           names the newest complete one
+``load_checkpoint``        reads and checks everything (format, config, files) before changing state
+``resume_checkpoint``      ``--resume``: the newest checkpoint that loads (a damaged one is skipped with
+                           a warning)
+``check_run_dir``          before loading a model: a resumed run has a checkpoint, a new run writes
+                           over none
+``interrupted``            Ctrl-C: save the last boundary's state and say how to resume
+=========================  ==========================================================================
+
+Checkpoint layout (``<run_dir>/checkpoints/``)::
+
+    latest                      text file: name of the newest complete checkpoint
+    step_000010/
+        trainer.json            format, step, learner name, config, numpy RNG state, extra state
+        policy/                 MultiAgentPolicy.save (one adapter per agent + policy.json)
+        optimizers.pt           {agent: optimizer.state_dict()}
+        rng.pt                  torch CPU (and CUDA) RNG states
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from baselines.metrics import atomic_write_text, config_dict
+from baselines.rng import rng_state, set_rng_state
+
+CHECKPOINT_FORMAT = "llm-envs-trainer-v1"
+TRAINER_FILE = "trainer.json"
+LATEST_FILE = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt or does not fit the run that tries to load it."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """An intact checkpoint of another learner or config: no older checkpoint of the run would fit either."""
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """``--resume`` skipped a damaged checkpoint and continues from an older one."""
+
+@dataclass
+class TrainerState:
+    """Everything a checkpoint holds, copied at one moment (an iteration boundary): later updates,
+    sampling or evaluation do not change it. :func:`save_checkpoint` writes one.
+
+    Learners take one at every iteration boundary; Ctrl-C in the middle of an iteration then saves
+    the last boundary's state, never the half-updated live weights (a resumed run is then exactly
+    the uninterrupted run)."""
+
+    step: int
+    policy: dict[str, dict[str, torch.Tensor]]
+    optimizers: dict[str, dict[str, Any]]
+    rng: dict[str, Any]
+    extra: dict[str, Any]
+
+    @classmethod
+    def capture(
+        cls,
+        *,
+        step: int,
+        policy: Any,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        rng: np.random.Generator,
+        extra: Mapping[str, Any] | None = None,
+    ) -> TrainerState:
+        return cls(
+            step=int(step),
+            policy=policy.state(),
+            optimizers={agent: copy.deepcopy(opt.state_dict()) for agent, opt in optimizers.items()},
+            rng=copy.deepcopy(rng_state(rng)),
+            extra=copy.deepcopy(dict(extra or {})),
+        )
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike[str],
+    state: TrainerState,
+    *,
+    learner: str,
+    config: Any,
+    policy: Any,
+    keep: int = 2,
+) -> Path:
+    """Write ``state`` as checkpoint ``state.step`` under ``run_dir/checkpoints`` atomically (a
+    temporary directory moved into place) and keep the newest ``keep``. ``policy`` writes the files
+    (its manifest names agents and settings)."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{state.step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        policy.save(tmp / "policy", state.policy)
+        torch.save(state.optimizers, tmp / "optimizers.pt")
+        rng = state.rng
+        torch.save({k: v for k, v in rng.items() if k in ("torch", "cuda")}, tmp / "rng.pt")
+        trainer = {
+            "format": CHECKPOINT_FORMAT,
+            "learner": learner,
+            "step": state.step,
+            "config": config_dict(config),
+            "numpy_generator": rng["numpy_generator"],
+            "numpy_global": _numpy_global_to_json(rng["numpy_global"]),
+            "python": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
+            "extra": dict(state.extra),
+        }
+        (tmp / TRAINER_FILE).write_text(json.dumps(trainer, indent=1), encoding="utf-8")
+        if final.exists():  # re-saving the same step (e.g. a resumed run that ends where it started)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(root / LATEST_FILE, final.name + "\n")
+    old = sorted(p for p in root.glob("step_*") if p.is_dir() and p != final)
+    for path in old[: max(0, len(old) - (keep - 1))]:
+        shutil.rmtree(path, ignore_errors=True)
+    return final
+
+
+def interrupted(
+    state: TrainerState | None,
+    run_dir: str | os.PathLike[str],
+    checkpoint: Any,
+    *,
+    wait: bool,
+) -> None:
+    """What a learner does on Ctrl-C: write ``state`` (the last iteration boundary's) with
+    ``checkpoint(state, step, wait=...)`` unless a checkpoint of that step exists already (the same
+    state, written at that boundary), and say where to resume from. ``state`` is ``None`` on ranks
+    other than 0, which save nothing (with several processes the others may be gone already)."""
+    if state is None:
+        return
+    if state.step in saved_steps(run_dir):
+        path = Path(run_dir) / "checkpoints" / f"step_{state.step:06d}"
+        print(f"\nInterrupted after iteration {state.step}: its checkpoint {path} is in place; continue with --resume")
+        return
+    path = checkpoint(state, state.step, wait=wait)
+    print(
+        f"\nInterrupted after iteration {state.step}: checkpoint saved to {path} (the unfinished iteration "
+        "was dropped); continue with --resume"
+    )
+
+
+def saved_steps(run_dir: str | os.PathLike[str]) -> list[int]:
+    """Steps of the complete checkpoints under ``run_dir/checkpoints``, ascending."""
+    root = Path(run_dir) / "checkpoints"
+    steps = []
+    for path in root.glob("step_*"):
+        if (path / TRAINER_FILE).is_file() and path.name[len("step_") :].isdigit():
+            steps.append(int(path.name[len("step_") :]))
+    return sorted(steps)
+
+
+def _numpy_global_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
+    inner = dict(state["state"])
+    inner["key"] = [int(x) for x in inner["key"]]
+    return {**state, "state": inner}
+
+
+def _numpy_global_from_json(state: Mapping[str, Any]) -> dict[str, Any]:
+    inner = dict(state["state"])
+    inner["key"] = np.asarray(inner["key"], dtype=np.uint32)
+    return {**state, "state": inner}
+
+
+def find_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """A checkpoint directory from a run dir (its latest), a ``checkpoints`` dir, or the dir itself."""
+    path = Path(path)
+    if (path / TRAINER_FILE).is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        latest = root / LATEST_FILE
+        if latest.is_file():
+            target = root / latest.read_text(encoding="utf-8").strip()
+            if not (target / TRAINER_FILE).is_file():
+                raise CheckpointError(f"{latest} names {target.name!r}, which is not a complete checkpoint")
+            return target
+    raise CheckpointError(
+        f"no checkpoint found at {str(path)!r}: pass a run directory, its checkpoints/ directory or a step_* directory"
+    )
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str],
+    *,
+    learner: str,
+    config: Any,
+    policy: Any,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    rng: np.random.Generator,
+    ignore: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Restore a :func:`save_checkpoint` into live objects; returns the trainer record (``step``,
+    ``extra``). Config fields other than ``ignore`` must equal the checkpoint's. Everything is read and
+    checked before any state changes; problems raise :class:`CheckpointError` naming the file."""
+    directory = find_checkpoint(path)
+    trainer_path = directory / TRAINER_FILE
+    try:
+        trainer = json.loads(trainer_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"corrupt checkpoint file {trainer_path}: {err}") from err
+    if not isinstance(trainer, dict) or trainer.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{trainer_path} is not a {CHECKPOINT_FORMAT} checkpoint: {str(trainer)[:200]!r}")
+    if trainer.get("learner") != learner:
+        raise CheckpointMismatchError(
+            f"checkpoint {str(directory)!r} was written by {trainer.get('learner')!r}, not {learner!r}"
+        )
+    ours, theirs = config_dict(config), trainer.get("config", {})
+    skip = set(ignore)
+    diff = {
+        k: (theirs.get(k, "<missing>"), ours[k])
+        for k in ours
+        if k not in skip and json.loads(json.dumps(theirs.get(k, "<missing>"))) != json.loads(json.dumps(ours[k]))
+    }
+    if diff:
+        listed = ", ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise CheckpointMismatchError(f"checkpoint {str(directory)!r} was made with a different config ({listed})")
+    tensors = {}
+    for name in ("optimizers.pt", "rng.pt"):
+        file = directory / name
+        try:
+            tensors[name] = torch.load(file, map_location="cpu", weights_only=True)
+        except FileNotFoundError as err:
+            raise CheckpointError(f"checkpoint file {file} is missing") from err
+        except Exception as err:  # torch.load raises many types for a damaged zip/pickle
+            # The message of torch's unpickling errors is a page of advice; the cause stays chained.
+            raise CheckpointError(f"corrupt checkpoint file {file}: torch.load raised {type(err).__name__}") from err
+    saved_opts = tensors["optimizers.pt"]
+    if not isinstance(saved_opts, dict) or set(saved_opts) != set(optimizers):
+        held = sorted(saved_opts) if isinstance(saved_opts, dict) else type(saved_opts).__name__
+        raise CheckpointError(
+            f"{directory / 'optimizers.pt'} holds optimizers for {held}, this run has {sorted(optimizers)}"
+        )
+    try:
+        policy.load(directory / "policy")
+    except (ValueError, FileNotFoundError) as err:
+        raise CheckpointError(f"cannot load the policy of checkpoint {str(directory)!r}: {err}") from err
+    for agent, opt in optimizers.items():
+        try:
+            opt.load_state_dict(saved_opts[agent])
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(f"optimizer state of agent {agent!r} in {directory} does not fit: {err}") from err
+    python = trainer["python"]
+    set_rng_state(
+        {
+            **tensors["rng.pt"],
+            "numpy_generator": trainer["numpy_generator"],
+            "numpy_global": _numpy_global_from_json(trainer["numpy_global"]),
+            "python": (python[0], tuple(python[1]), python[2]),
+        },
+        rng,
+    )
+    return trainer
+
+
+def resume_candidates(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """The checkpoint directories ``--resume`` may continue from, newest step first (at least one, or
+    :class:`CheckpointError`)."""
+    root = Path(run_dir) / "checkpoints"
+    found = []
+    for path in root.glob("step_*") if root.is_dir() else ():
+        step = path.name[len("step_") :]
+        if path.is_dir() and step.isdigit():
+            found.append((int(step), path))
+    if not found:
+        raise CheckpointError(
+            f"no checkpoint found in {str(root)!r}: nothing to resume (leave out --resume to start a new run)"
+        )
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def resume_checkpoint(run_dir: str | os.PathLike[str], **load_kwargs: Any) -> dict[str, Any]:
+    """``--resume``: :func:`load_checkpoint` from the newest checkpoint of ``run_dir`` that loads. A
+    damaged one (missing or corrupt files) is skipped with a :class:`CheckpointFallbackWarning` naming
+    it and the one used instead; a checkpoint of another learner or config stops the run
+    (:class:`CheckpointMismatchError`), as does having no checkpoint that loads."""
+    candidates = resume_candidates(run_dir)
+    failures: list[tuple[Path, CheckpointError]] = []
+    for directory in candidates:
+        try:
+            trainer = load_checkpoint(directory, **load_kwargs)
+        except CheckpointMismatchError:
+            raise
+        except CheckpointError as err:
+            failures.append((directory, err))
+            continue
+        if failures:
+            import warnings
+
+            skipped = "; ".join(f"{path.name}: {err}" for path, err in failures)
+            warnings.warn(
+                f"resuming from {directory.name} (step {trainer['step']}), the newest checkpoint that loads; "
+                f"skipped damaged {skipped}",
+                CheckpointFallbackWarning,
+                stacklevel=2,
+            )
+        return trainer
+    if len(failures) == 1:
+        raise failures[0][1]
+    listed = "; ".join(f"{path.name}: {err}" for path, err in failures)
+    raise CheckpointError(f"no checkpoint of {str(Path(run_dir))!r} loads: {listed}")
+
+
+def check_run_dir(run_dir: Path, *, resume: bool, overwrite: bool | None = None) -> None:
+    """Before loading a model: a resumed run needs a checkpoint; a new run must not write over one
+    (unless ``overwrite`` is True; ``None``: the learner has no --overwrite option)."""
+    if resume:
+        resume_candidates(run_dir)
+    elif (run_dir / "checkpoints").exists() and not overwrite:
+        hint = ", or --overwrite to start afresh" if overwrite is not None else ""
+        raise FileExistsError(
+            f"run directory {str(run_dir)!r} already holds checkpoints: pass --resume to continue it, or another "
+            f"--run-name / --output-dir{hint}"
+        )

@@ -1,0 +1,238 @@
+"""The policy-gradient update of MAGRPO (linear and tree rollouts, :mod:`baselines.tree`) and of MAAC's
+actors: returns over turns, group-relative advantages, the (clipped) policy-gradient loss with an
+optional KL to the reference, and :func:`update_agent`, one agent's gradient steps on its sampled
+turns (micro-batched, summed over processes).
+
+>>> group_advantages(torch.tensor([[1.0, 2.0, 3.0, 6.0]]), "rloo")
+tensor([[-2.6667, -1.3333,  0.0000,  4.0000]])
+>>> discounted_returns(torch.tensor([[1.0, 2.0]]), 0.5)
+tensor([[2., 2.]])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from baselines import distributed
+from baselines.play import Turn
+from baselines.tensors import masked_mean
+
+Baseline = Literal["mean", "rloo", "max", "none"]
+Aggregation = Literal["token-mean", "sequence-sum"]
+
+
+def group_advantages(rewards: torch.Tensor, baseline: Baseline = "mean", normalize_std: bool = False) -> torch.Tensor:
+    """Group-relative advantages: (B, G) returns -> (B, G).
+
+    ``mean``: R - mean(R); ``rloo``: R - mean of the other G-1 returns; ``max``: R - max(R); ``none``: R.
+    ``normalize_std`` divides by the group's (unbiased) std, clamped at 1e-6 so that a group of equal
+    returns gives 0, not NaN.
+
+    >>> group_advantages(torch.tensor([[1.0, 2.0, 3.0, 6.0]]))
+    tensor([[-2., -1.,  0.,  3.]])
+    """
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be (B, G), got shape {tuple(rewards.shape)}")
+    g = rewards.shape[1]
+    if baseline == "mean":
+        adv = rewards - rewards.mean(1, keepdim=True)
+    elif baseline == "rloo":
+        if g < 2:
+            raise ValueError("baseline='rloo' needs at least 2 samples per group")
+        adv = rewards - (rewards.sum(1, keepdim=True) - rewards) / (g - 1)
+    elif baseline == "max":
+        adv = rewards - rewards.max(1, keepdim=True).values
+    elif baseline == "none":
+        adv = rewards.clone()
+    else:
+        raise ValueError(f"baseline must be 'mean', 'rloo', 'max' or 'none', got {baseline!r}")
+    if normalize_std:
+        std = rewards.std(1, keepdim=True) if g > 1 else torch.zeros_like(rewards[:, :1])
+        adv = adv / std.clamp(min=1e-6)
+    return adv
+
+
+def discounted_returns(rewards: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Returns per turn: (N, T) rewards -> (N, T) with R_t = r_t + gamma * R_{t+1}.
+
+    >>> discounted_returns(torch.tensor([[1.0, 2.0]]), 0.5)
+    tensor([[2., 2.]])
+    """
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
+def policy_gradient_loss(
+    logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: Aggregation = "token-mean",
+    old_logprobs: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+    denominator: float | None = None,
+) -> torch.Tensor:
+    """Policy-gradient loss over response tokens: (N, T) log-probs, (N,) advantages, (N, T) mask -> scalar.
+
+    Without ``old_logprobs``: per-token loss ``-A * log pi``. With them (a batch reused for another
+    epoch): the clipped surrogate ``-min(rho A, clip(rho, 1-eps, 1+eps) A)``, ``rho = exp(log pi - old)``.
+    ``token-mean`` averages over every unmasked token of the batch; ``sequence-sum`` sums each
+    response's tokens and averages over responses. Masked (pad) positions never contribute.
+
+    ``denominator`` replaces the local count (tokens for token-mean, responses for sequence-sum) by a
+    given one: with several processes, the global count, so that the rank losses add up to the
+    one-process loss (see baselines/distributed.py).
+    """
+    mask = mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (N, 1)
+    if old_logprobs is None:
+        per_token = -adv * logprobs
+    else:
+        ratio = torch.exp(logprobs - old_logprobs)
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    if aggregation == "token-mean":
+        if denominator is not None:
+            return (per_token * mask).sum() / max(float(denominator), 1.0)
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+    if aggregation == "sequence-sum":
+        if denominator is not None:
+            return (per_token * mask).sum() / max(float(denominator), 1.0)
+        return (per_token * mask).sum(1).mean()
+    raise ValueError(f"aggregation must be 'token-mean' or 'sequence-sum', got {aggregation!r}")
+
+
+def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): (N, T) -> (N, T), >= 0, exact in expectation."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+def update_agent(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    agent: str,
+    turns: list[Turn],
+    advantages: torch.Tensor,
+    config: Any,
+) -> dict[str, float]:
+    """``num_epochs`` gradient steps of one agent on its responses of every turn. ``advantages`` is
+    (N, num_turns). One batched forward per turn and epoch; the reference forward only if kl_coef > 0.
+
+    With several processes each rank holds its share of the rows: losses are divided by the global
+    token (or response) counts and gradients summed over ranks before clipping, which is the gradient
+    of the one-process loss; the returned loss statistics are summed over ranks likewise."""
+    spread = distributed.world_size() > 1
+    masks = [turn.responses[agent].response_mask for turn in turns]
+
+    def rows_per_pass(gen: Any) -> int:
+        n = len(gen.response_mask)
+        size = config.micro_batch_size or max(n, 1)
+        if config.micro_batch_tokens:
+            width = gen.prompt_ids.shape[1] + gen.response_ids.shape[1]
+            size = min(size, max(1, config.micro_batch_tokens // max(width, 1)))
+        return size
+
+    chunked = any(rows_per_pass(turn.responses[agent]) < len(turn.responses[agent].response_mask) for turn in turns)
+    tokens = denominators = None
+    if spread or chunked:
+        # Losses of the parts (ranks, micro-batches) are divided by the whole turn's counts, so they add
+        # up to the one-batch loss.
+        counts = [float(m.sum()) for m in masks]
+        n_rows = [float(len(m)) for m in masks]
+        tokens = distributed.all_sum(counts) if spread else counts
+        rows = distributed.all_sum(n_rows) if spread else n_rows
+        denominators = tokens if config.loss_aggregation == "token-mean" else rows
+
+    def token_mean(values: torch.Tensor, mask: torch.Tensor, t: int) -> torch.Tensor:
+        if tokens is None:
+            return masked_mean(values, mask)
+        return (values * mask.to(values.dtype)).sum() / max(tokens[t], 1.0)
+
+    def chunks(gen: Any) -> list[slice]:
+        n, size = len(gen.response_mask), rows_per_pass(gen)
+        return [slice(i, i + size) for i in range(0, n, size)]  # none for a turn without rows
+
+    ref = []
+    if config.kl_coef > 0:
+        for turn in turns:
+            gen = turn.responses[agent]
+            ref.append(torch.cat([
+                policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
+                                    gen.response_mask[c], temperature=config.scoring_temperature())
+                for c in chunks(gen)
+            ]) if len(gen.response_mask) else gen.response_mask.float())  # a tree level this rank did not reach
+    stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
+    first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
+    for epoch in range(config.num_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros(())
+        for t, turn in enumerate(turns):
+            gen = turn.responses[agent]
+            denominator = None if denominators is None else denominators[t]
+            turn_pg = turn_kl = turn_clip = 0.0
+            for c in chunks(gen):
+                logprobs = policy.logprobs(
+                    agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
+                    temperature=config.scoring_temperature(),
+                )
+                mask = gen.response_mask[c]
+                # On the first epoch the sampling policy is the current one: the plain policy gradient
+                # (ratio 1) is exact; later epochs need the ratio to the sampling-time policy, whose
+                # log-probs are the first epoch's own (the same forward; the decode-time log-probs
+                # differ from it by rounding in bf16, ~0.03 nats a token).
+                old = first_epoch[(t, c.start)] if epoch > 0 else None
+                if epoch == 0 and config.num_epochs > 1:
+                    first_epoch[(t, c.start)] = logprobs.detach()
+                adv = advantages[c, t].to(logprobs.device)
+                pg = policy_gradient_loss(
+                    logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
+                )
+                loss = pg
+                if config.kl_coef > 0:
+                    kl = token_mean(kl_to_reference(logprobs, ref[t][c]), mask, t)
+                    loss = loss + config.kl_coef * kl
+                    turn_kl += float(kl.detach())
+                if old is not None:
+                    ratio = torch.exp(logprobs.detach() - old)
+                    clipped = ((ratio - 1).abs() > config.clip_eps).float()
+                    turn_clip += float(token_mean(clipped, mask, t))
+                # Backward per part: only one part's graph is alive at a time.
+                (loss / len(turns)).backward()
+                total = total + loss.detach() / len(turns)
+                turn_pg += float(pg.detach())
+            stats["pg_loss"].append(turn_pg)
+            if config.kl_coef > 0:
+                stats["kl"].append(turn_kl)
+            if epoch > 0:
+                stats["clip_fraction"].append(turn_clip)
+        # Every rank must see the same verdict, or the others would wait forever in the all-reduce.
+        overall = distributed.all_sum(float(total.detach())) if spread else float(total.detach())
+        if not math.isfinite(overall):
+            # Raised before the optimizer step: the weights are left as they were.
+            raise FloatingPointError(
+                f"agent {agent!r}: non-finite loss {overall} at epoch {epoch}; lower learning_rate "
+                f"({config.learning_rate}) or check the rewards"
+            )
+        params = policy.parameters(agent)
+        distributed.all_reduce_grads(params, "sum")
+        if config.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        optimizer.step()
+        stats["loss"].append(float(total.detach()))
+        stats["grad_norm"].append(float(norm))
+    out = {k: float(np.mean(v)) for k, v in stats.items() if v}
+    if spread:
+        # Each rank's losses are its part of the global sums; the gradient norm is already global.
+        summed = distributed.reduce_metrics({k: v for k, v in out.items() if k != "grad_norm"}, op="sum")
+        out.update(summed)
+    return out
+

@@ -1,0 +1,290 @@
+"""One training run: everything around a learner's algorithm, the same for MAGRPO, PPO and CORY (their
+configs are :class:`~baselines.config.LearnerConfig`). A learner reads::
+
+    run = Run.begin(config)                       # threads, processes, run directory, seeds (run.rng)
+    ...                                           # the policy, the envs, one optimizer per agent
+    run.resume(policy, optimizers)                # --resume: the newest checkpoint that loads
+    run.start(policy, optimizers, env_kwargs=...) # metrics and transcripts files, the progress bar
+    with run.interruptible():                     # Ctrl-C: save the last iteration boundary, then stop
+        run.evaluate_before()
+        for iteration in run.iterations():
+            ...                                   # rollout, rewards, advantages, update -> metrics
+            run.write_samples(iteration + 1, ...) # transcripts of every --samples-every-th batch
+            run.end_iteration(iteration + 1, metrics, ...)  # eval, log, boundary, checkpoint
+        run.evaluate_after()
+    result = run.finish(metrics)                  # the last checkpoint, the plot; the result dict
+
+The state a checkpoint holds is copied at every iteration boundary (:meth:`Run.boundary`): Ctrl-C in
+the middle of an iteration saves the last boundary, never half-updated weights, so a resumed run is
+exactly the uninterrupted one. Under torchrun or accelerate launch only rank 0 evaluates, logs, plots
+and writes checkpoints; the other ranks wait for it at the same points (baselines/distributed.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from baselines import distributed, evaluation
+from baselines.checkpoints import TrainerState, check_run_dir, interrupted, resume_checkpoint, save_checkpoint
+from baselines.metrics import METRICS_FILE, MetricLogger
+from baselines.plots import plot_metrics
+from baselines.rng import seed_everything
+from baselines.samples import SampleWriter
+
+
+class Run:
+    """A run of ``config.learner`` in ``config.run_dir()``; build it with :meth:`begin`."""
+
+    def __init__(self, config: Any, info: distributed.DistInfo, run_dir: Path, rng: Any) -> None:
+        self.config = config
+        self.info = info
+        self.main = info.is_main
+        """Rank 0 (or the only process): the one that logs, evaluates and writes checkpoints."""
+        self.run_dir = run_dir
+        self.rng = rng
+        """The learner's numpy generator (problem sampling); saved and restored with the checkpoints."""
+        self.start_step = 0
+        self.step = 0
+        """The last finished iteration (``start_step`` until one finishes)."""
+        self.extra: dict[str, Any] = {}
+        """Learner state saved with the checkpoints besides weights and RNGs (``eval_before``, ...)."""
+        self.state: TrainerState | None = None
+        self.final_eval: dict[str, float] = {}
+        self.logger: MetricLogger | None = None
+        self.samples: SampleWriter | None = None
+
+    @classmethod
+    def begin(cls, config: Any) -> Run:
+        """Before any model is loaded: torch threads, the process group (when launched with several),
+        the settings checked against the number of processes, the run directory checked (a resumed
+        run has a checkpoint; ``--overwrite`` deletes the old ones), every RNG seeded."""
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        info = distributed.init_from_env()
+        config.check_processes(info.world_size)
+        run_dir = config.run_dir()
+        check_run_dir(run_dir, resume=config.resume, overwrite=config.overwrite)
+        distributed.barrier()  # every rank has checked the directory before rank 0 changes it
+        if not config.resume and config.overwrite and info.is_main and (run_dir / "checkpoints").exists():
+            shutil.rmtree(run_dir / "checkpoints")
+        return cls(config, info, run_dir, seed_everything(config.seed))
+
+    def resume(self, policy: Any, optimizers: Mapping[str, torch.optim.Optimizer]) -> dict[str, Any]:
+        """``--resume``: load weights, optimizer states and RNGs from the newest checkpoint that loads
+        and continue after its step. Returns the learner's extra state (``{}`` for a new run)."""
+        config = self.config
+        if config.resume:
+            trainer = resume_checkpoint(
+                self.run_dir,
+                learner=config.learner,
+                config=config,
+                policy=policy,
+                optimizers=optimizers,
+                rng=self.rng,
+                ignore=config.resumable_fields,
+            )
+            self.start_step = self.step = int(trainer["step"])
+            self.extra = dict(trainer["extra"])
+        return self.extra
+
+    def start(
+        self,
+        policy: Any,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        *,
+        env_kwargs: Mapping[str, Any],
+        adapters: Callable[[int], Mapping[str, str]] | None = None,
+        extra_state: Callable[[], Mapping[str, Any]] | None = None,
+        weights: str = "adapter weights",
+    ) -> None:
+        """Make the replicas identical, open the metrics and transcripts files (rank 0) and the
+        progress bar, and take the first boundary. ``env_kwargs``: the envs' arguments, for the
+        evaluations; ``adapters(iteration)``: which adapter plays which role in an iteration (the
+        evaluations use the last trained iteration's); ``extra_state()``: learner state to checkpoint
+        at each boundary (PPO's KL coefficients); ``weights`` names them in the sync check's error."""
+        from tqdm.auto import tqdm
+
+        config = self.config
+        self.policy, self.optimizers = policy, optimizers
+        self.env_kwargs, self.adapters, self.extra_state, self.weights = env_kwargs, adapters, extra_state, weights
+        self.params = [p for agent in optimizers for p in policy.parameters(agent)]
+        distributed.broadcast_params(self.params)  # identical replicas whatever each rank's RNG did
+        if self.main:
+            resume_step = self.start_step if config.resume else None
+            self.logger = MetricLogger(
+                self.run_dir,
+                tensorboard=config.tensorboard,
+                wandb_project=config.wandb_project,
+                config=config,
+                resume_step=resume_step,
+            )
+            self.samples = SampleWriter(self.run_dir, logger=self.logger, resume_step=resume_step,
+                                        train_every=config.samples_every, num_iterations=config.num_iterations)
+        self.bar = tqdm(
+            range(self.start_step, config.num_iterations),
+            initial=self.start_step,
+            total=config.num_iterations,
+            disable=not (config.progress and self.main),
+            desc=config.learner,
+            dynamic_ncols=True,
+        )
+        self.state = self.boundary(self.start_step)
+        policy.train()
+
+    def iterations(self) -> Iterator[int]:
+        """The iterations still to run (0-based), with a progress bar."""
+        return iter(self.bar)
+
+    # ------------------------------------------------------------------------------ each iteration
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.logger is not None:
+            self.logger.log(step, metrics)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Evaluate on the eval split (rank 0 only: the replicas are identical; the others wait) with
+        the roles of the last trained iteration (``step - 1``; the first before training), and write
+        the episodes' transcripts."""
+        config = self.config
+        if config.num_eval_problems == 0:
+            return {}
+        if not self.main:
+            distributed.barrier()
+            return {}
+        episodes: list[dict[str, Any]] = []
+        result = evaluation.evaluate(
+            self.policy,
+            config.env,
+            num_problems=config.num_eval_problems,
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            greedy=config.eval_greedy,
+            seed=config.seed,
+            env_kwargs=self.env_kwargs,
+            adapters=None if self.adapters is None else self.adapters(max(step - 1, 0)),
+            episodes=episodes,
+        )
+        assert self.samples is not None
+        self.samples.write_eval(step, episodes)
+        distributed.barrier()
+        return result
+
+    def evaluate_before(self) -> None:
+        """The evaluation before training (not again when a resumed run has one)."""
+        if "eval_before" not in self.extra:
+            before = self.evaluate(self.start_step)
+            if self.main:
+                self.extra["eval_before"] = before
+            if before:
+                self.log(0, before)
+            self.state = self.boundary(self.start_step)
+
+    def write_samples(
+        self,
+        step: int,
+        envs: Sequence[Any],
+        seeds: Sequence[int | None],
+        options: Sequence[Mapping[str, Any]],
+        models: Mapping[str, str] | None = None,
+    ) -> None:
+        """The first episodes of a training batch to ``samples.jsonl`` (every ``--samples-every``-th)."""
+        if self.samples is not None:
+            self.samples.write_train(step, envs, seeds=seeds, options=options, models=models)
+
+    def end_iteration(self, step: int, metrics: dict[str, float], **postfix: str) -> None:
+        """After iteration ``step`` (1-based): the evaluation every ``--eval-every`` iterations (added to
+        ``metrics``), the metrics line, the progress bar's ``postfix``, the boundary state and the
+        checkpoint every ``--checkpoint-every`` iterations (the last one comes from :meth:`finish`)."""
+        config = self.config
+        if config.eval_every and step % config.eval_every == 0 and step < config.num_iterations:
+            metrics.update(self.evaluate(step))
+        self.log(step, metrics)
+        self.bar.set_postfix(**postfix)
+        self.step = step
+        self.state = self.boundary(step)
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < config.num_iterations:
+            self.checkpoint(self.state, step)
+
+    def evaluate_after(self) -> None:
+        """The evaluation after the last iteration."""
+        self.bar.close()
+        self.final_eval = self.evaluate(self.step)
+
+    # ------------------------------------------------------------------------------ state
+    def boundary(self, step: int) -> TrainerState | None:
+        """The state after iteration ``step`` (rank 0 only: it alone writes checkpoints)."""
+        if not self.main:
+            return None
+        if self.extra_state is not None:
+            self.extra.update(self.extra_state())
+        return TrainerState.capture(
+            step=step, policy=self.policy, optimizers=self.optimizers, rng=self.rng, extra=self.extra
+        )
+
+    def checkpoint(self, state: TrainerState | None, step: int, wait: bool = True) -> Path:
+        """Write ``state`` (rank 0); with ``wait`` the ranks first check that their weights agree and
+        afterwards wait until the checkpoint is complete."""
+        path = self.run_dir / "checkpoints" / f"step_{step:06d}"
+        if wait:
+            distributed.check_in_sync(self.params, self.weights)
+        if state is not None:
+            path = save_checkpoint(self.run_dir, state, learner=self.config.learner, config=self.config,
+                                   policy=self.policy)
+        if wait:
+            distributed.barrier()  # nobody reads or resumes from a half-written checkpoint
+        return path
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Ctrl-C inside the block saves the last boundary's state (unless its checkpoint exists),
+        says how to resume, closes the logs and re-raises."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.bar.close()
+            interrupted(self.state, self.run_dir, self.checkpoint, wait=not self.info.distributed)
+            if self.logger is not None:
+                self.logger.close()
+            raise
+
+    def finish(self, metrics: Mapping[str, float]) -> dict[str, Any]:
+        """Log the final evaluation, write the last checkpoint, close the logs and plot the curves.
+        Returns the last iteration's ``metrics`` with ``eval/*`` (after), ``eval_before/*``, ``plot``
+        (rank 0) and ``run_dir``."""
+        if self.final_eval:
+            self.log(self.step, self.final_eval)
+        self.checkpoint(self.state, self.step)
+        if self.logger is not None:
+            self.logger.close()
+        result: dict[str, Any] = dict(metrics)
+        result.update(self.final_eval)
+        result.update({f"eval_before/{k.split('/', 1)[1]}": v for k, v in self.extra.get("eval_before", {}).items()})
+        if self.main:
+            try:
+                result["plot"] = str(plot_metrics(self.run_dir / METRICS_FILE))
+            except ValueError:
+                pass  # nothing to plot yet (no iteration ran)
+        result["run_dir"] = str(self.run_dir)
+        return result
+
+
+def mean_over_agents(metrics: Mapping[str, float], names: Sequence[str], agents: Sequence[str]) -> dict[str, float]:
+    """``losses/<name>``: the mean of ``agent_<a>/<name>`` over the agents that logged it.
+
+    >>> mean_over_agents({"agent_a/loss": 1.0, "agent_b/loss": 3.0}, ["loss", "kl"], ["a", "b"])
+    {'losses/loss': 2.0}
+    """
+    out = {}
+    for name in names:
+        values = [metrics[f"agent_{a}/{name}"] for a in agents if f"agent_{a}/{name}" in metrics]
+        if values:
+            out[f"losses/{name}"] = float(np.mean(values))
+    return out

@@ -1,0 +1,695 @@
+"""The papers' claims, measured with seeds: the records, figures and tables of docs/results.md.
+
+Two comparisons, each a fixed list of methods with hyper-parameters chosen before running (below:
+``MAGRPO_SETTINGS``, ``CORY_SETTINGS``):
+
+- ``magrpo``: MAGRPO on ``writing/xsum-v0`` against its baselines: the untrained pair (parallel and
+  sequential protocol), a single agent trained with GRPO (our MAGRPO with one agent) on the one-role
+  env under both split policies, MAGRPO (parallel) and MAGRPO with ``--num-turns 2``.
+- ``cory``: CORY against PPO on IMDB with the same adaptive KL controller, plus CORY's two ablations
+  (no role exchange, ``--swap-every 0``; individual rewards, ``sentiment/imdb-cory-individual-v0``).
+
+Every method x seed is one **record**: ``<out>/<comparison>/<method>__s<seed>.json`` with the command,
+the flags, the per-iteration curve, the evaluation before and after, and the wall time, written as
+soon as that run finishes. A re-run skips the records that exist, so the page can be completed over
+several sittings. The learners run through their command line (``llm-envs train ...`` /
+``llm-envs eval ...``, in this process), each in its own run directory under ``--runs-dir``.
+
+    python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
+    python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
+    python bench/results.py render                          # figures, summary JSON and the page's tables
+    python bench/results.py status                          # which records exist, which are missing
+    python bench/results.py run magrpo --quick --model DIR  # 1 seed, 2 iterations, tiny sizes (tests)
+
+Each command prints one JSON object as its last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "results.md"
+DEFAULT_SEEDS = (0, 1, 2)
+
+# ------------------------------------------------------------------------------------------ settings
+# Chosen before the comparison ran (docs/results.md): the README demo's settings (which learn within
+# minutes on 2 CPU cores), 20 iterations of B=2 problems x G=4 samples for every method, the same
+# sampled evaluation (training's sampling settings, 32 eval problems, the run's seed) before and after.
+MAGRPO_SETTINGS: dict[str, Any] = {
+    "max-source-words": 60,
+    "num-problems": 2,
+    "num-generations": 4,
+    "max-new-tokens": 48,
+    "num-iterations": 20,
+    "learning-rate": 1e-3,
+    "lora-rank": 8,
+    "lora-alpha": 16.0,
+    "normalize-std": True,
+    "temperature": 0.7,
+    "top-p": 0.9,
+    "top-k": 50,
+    "num-eval-problems": 32,
+    "eval-greedy": False,
+}
+# CORY vs PPO: docs/cory.md's settings, at 40 iterations x 32 episodes (5.3x the 15 x 16 run there);
+# the same adaptive KL controller for every method.
+CORY_SETTINGS: dict[str, Any] = {
+    "num-iterations": 40,
+    "batch-size": 32,
+    "minibatch-size": 32,
+    "num-ppo-epochs": 4,
+    "min-new-tokens": 4,
+    "max-new-tokens": 16,
+    "learning-rate": 5e-4,
+    "lora-rank": 16,
+    "lora-alpha": 32.0,
+    "init-kl-coef": 0.3,
+    "adaptive-kl": True,
+    "kl-target": 6.0,
+    "kl-horizon": 10000,
+    "num-eval-problems": 16,
+}
+# --quick: the same methods at tiny sizes (CI smoke tests; a tiny model with --model).
+QUICK = {
+    "magrpo": {"max-source-words": 20, "num-problems": 1, "num-generations": 2, "max-new-tokens": 8,
+               "num-iterations": 2, "num-eval-problems": 2},
+    "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
+             "max-new-tokens": 4, "num-eval-problems": 2},
+}
+RUN_FLAGS = {"checkpoint-every": 0, "tensorboard": False, "progress": False, "samples-every": 0}
+"""Flags of every training run (not part of the comparison): no checkpoints in between, no TensorBoard."""
+LAST = 5
+"""CORY comparison: final task reward and KL are the means over the last LAST iterations."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of a comparison: the learner (``magrpo``, ``ppo``, ``cory``; ``eval`` for an untrained
+    policy), its env and the flags it adds to the comparison's settings."""
+
+    name: str
+    learner: str
+    env: str
+    label: str
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    """PPO / CORY: the adapters whose per-model metrics (``agent_<model>/...``) form the curves."""
+    token_factor: int = 1
+    """Multiplies the comparison's ``max-new-tokens``: the single agent writes both parts, so it gets twice
+    the pair's tokens per response (the text budget of the two agents together)."""
+
+
+COMPARISONS: dict[str, tuple[Method, ...]] = {
+    "magrpo": (
+        Method("untrained-parallel", "eval", "writing/xsum-v0", "untrained pair, parallel"),
+        Method("untrained-sequential", "eval", "writing/xsum-sequential-v0", "untrained pair, sequential"),
+        Method("single-reference", "magrpo", "writing/xsum-single-v0", "single agent (GRPO), split=reference",
+               token_factor=2),
+        Method("single-strict", "magrpo", "writing/xsum-single-strict-v0", "single agent (GRPO), split=strict",
+               token_factor=2),
+        Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO, parallel"),
+        Method("magrpo-2turn", "magrpo", "writing/xsum-v0", "MAGRPO, 2 turns (env feedback)", {"num-turns": 2}),
+    ),
+    "cory": (
+        Method("ppo", "ppo", "sentiment/imdb-v0", "PPO", models=("agent",)),
+        Method("cory", "cory", "sentiment/imdb-cory-v0", "CORY", {"swap-every": 5}, models=("model_0", "model_1")),
+        Method("cory-no-swap", "cory", "sentiment/imdb-cory-v0", "CORY, no role exchange", {"swap-every": 0},
+               models=("model_0", "model_1")),
+        Method("cory-individual", "cory", "sentiment/imdb-cory-individual-v0", "CORY, individual rewards",
+               {"swap-every": 5}, models=("model_0", "model_1")),
+    ),
+}
+SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
+                "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
+"""The records the page needs: 3 seeds per method, one seed per CORY ablation."""
+
+
+def method(comparison: str, name: str) -> Method:
+    for m in COMPARISONS[comparison]:
+        if m.name == name:
+            return m
+    names = [m.name for m in COMPARISONS[comparison]]
+    raise ValueError(f"unknown method {name!r} of {comparison!r}; choose from {names}")
+
+
+def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
+    base = dict(MAGRPO_SETTINGS if comparison == "magrpo" else CORY_SETTINGS)
+    if quick:
+        base.update(QUICK[comparison])
+    return base
+
+
+def flags_of(m: Method, comparison: str, quick: bool) -> dict[str, Any]:
+    """The method's flags: the comparison's settings with the method's own on top."""
+    flags = {**settings_of(comparison, quick), **m.flags}
+    flags["max-new-tokens"] *= m.token_factor
+    return flags
+
+
+def to_argv(flags: Mapping[str, Any]) -> list[str]:
+    """``{"num-turns": 2, "normalize-std": True, "eval-greedy": False, "overwrite": None}`` ->
+    ``["--num-turns", "2", "--normalize-std", "--no-eval-greedy", "--overwrite"]``.
+
+    >>> to_argv({"num-turns": 2, "normalize-std": True, "eval-greedy": False, "overwrite": None})
+    ['--num-turns', '2', '--normalize-std', '--no-eval-greedy', '--overwrite']
+    """
+    argv: list[str] = []
+    for key, value in flags.items():
+        if value is None or value is True:
+            argv.append(f"--{key}")
+        elif value is False:
+            argv.append(f"--no-{key}")
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def command_of(m: Method, comparison: str, seed: int, *, quick: bool, runs_dir: Path, model: str | None,
+               threads: int | None) -> list[str]:
+    """The ``llm-envs`` arguments of one record's run."""
+    flags = flags_of(m, comparison, quick)
+    if m.learner == "eval":
+        # An untrained policy through `llm-envs eval`, with the sampling and eval problems of the trained runs.
+        argv = ["eval", "--env", m.env, "--num-problems", str(flags["num-eval-problems"]), "--sample",
+                "--temperature", str(flags["temperature"]), "--top-p", str(flags["top-p"]),
+                "--top-k", str(flags["top-k"]), "--max-new-tokens", str(flags["max-new-tokens"]),
+                "--max-source-words", str(flags["max-source-words"]), "--seed", str(seed)]
+    else:
+        run = {"env": m.env, "seed": seed, "output-dir": str(runs_dir), "run-name": f"{comparison}__{m.name}__s{seed}"}
+        argv = ["train", m.learner, *to_argv({**run, **flags, **RUN_FLAGS})]
+        if threads is not None:
+            argv += ["--threads", str(threads)]
+    if model is not None:
+        argv += ["--model", model]
+    return argv
+
+
+# ------------------------------------------------------------------------------------------ records
+def record_path(out: Path, comparison: str, name: str, seed: int) -> Path:
+    return out / comparison / f"{name}__s{seed}.json"
+
+
+def git_commit() -> str | None:
+    """The commit checked out when this process started (records keep the code they ran, not a later HEAD)."""
+    if _COMMIT:
+        return _COMMIT[0]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head, dirty = None, ""
+    _COMMIT.append(f"{head}+dirty" if head and dirty else head)
+    return _COMMIT[0]
+
+
+_COMMIT: list[str | None] = []
+
+
+def run_cli(argv: Sequence[str], log: Path) -> tuple[int, str]:
+    """``llm-envs ARGV`` in this process, its stdout and stderr appended to ``log``; (status, stdout)."""
+    from baselines import cli
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write(f"\n$ llm-envs {shlex.join(argv)}\n")
+        fh.flush()
+        captured = _Tee(fh)
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(fh):
+            status = cli.main(list(argv))
+    return status, captured.text()
+
+
+class _Tee:
+    """A stdout that writes to a log file and keeps the text."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.parts = fh, []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.fh.write(text)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def curve_of(rows: list[dict[str, float]], keys: Sequence[str]) -> dict[str, list[float]]:
+    """Per-iteration series of ``keys`` (missing values as NaN) from a run's metrics rows."""
+    per_iteration = [r for r in rows if "charts/iteration" in r]
+    out: dict[str, list[float]] = {"iteration": [float(r["charts/iteration"]) for r in per_iteration]}
+    for key in keys:
+        out[key] = [float(r.get(key, math.nan)) for r in per_iteration]
+    return out
+
+
+def eval_of(rows: list[dict[str, float]], first: bool) -> dict[str, float]:
+    evals = [r for r in rows if "eval/total" in r]
+    if not evals:
+        return {}
+    row = evals[0] if first else evals[-1]
+    return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
+
+
+def curve_keys(m: Method, rows: list[dict[str, float]]) -> list[str]:
+    if m.learner == "magrpo":
+        keys = sorted({k for r in rows for k in r if k.startswith("reward/")})
+        return [*keys, "charts/s_per_iteration"]
+    per_model = ("task_reward", "env_reward", "kl", "kl_coef", "combined", "role")
+    return [f"agent_{model}/{k}" for model in m.models for k in per_model] + ["charts/s_per_iteration"]
+
+
+def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: str, wall_s: float,
+                quick: bool, run_dir: Path | None, load: tuple[float, float], cpu_s: float) -> dict[str, Any]:
+    from baselines.metrics import read_metrics
+
+    record: dict[str, Any] = {
+        "comparison": comparison, "method": m.name, "label": m.label, "seed": seed, "learner": m.learner,
+        "env": m.env, "quick": quick, "command": "llm-envs " + shlex.join(argv),
+        "flags": flags_of(m, comparison, quick), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
+        "load_average_1min": {"start": load[0], "end": load[1]}, "commit": git_commit(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
+    if m.learner == "eval":
+        result = json.loads(stdout[stdout.index("{"):])  # `llm-envs eval` prints one JSON object
+        record["eval"] = {k.removeprefix("eval/"): v for k, v in result.items() if k.startswith("eval/")}
+        record["eval_before"] = record["eval"]
+        record["curve"] = {}
+        return record
+    assert run_dir is not None
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    record["run_dir"] = str(run_dir)
+    record["curve"] = curve_of(rows, curve_keys(m, rows))
+    record["eval_before"] = eval_of(rows, first=True)
+    record["eval"] = eval_of(rows, first=False)
+    if m.models:
+        record["final"] = {
+            model: {k: _mean(record["curve"][f"agent_{model}/{k}"][-LAST:]) for k in ("task_reward", "kl", "combined")}
+            for model in m.models
+        }
+    return record
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str] | None, quick: bool, out: Path,
+                runs_dir: Path, model: str | None, threads: int | None) -> dict[str, Any]:
+    """Run every missing record of ``comparison`` for ``seeds`` (and ``methods``, default all), writing
+    each as it finishes; returns what was done."""
+    chosen = [method(comparison, n) for n in methods] if methods else list(COMPARISONS[comparison])
+    git_commit()  # the code this process runs
+    done, skipped, failed = [], [], []
+    for seed in seeds:
+        for m in chosen:
+            path = record_path(out, comparison, m.name, seed)
+            if path.is_file():
+                skipped.append(path.name)
+                continue
+            argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
+            run_dir = None if m.learner == "eval" else runs_dir / f"{comparison}__{m.name}__s{seed}"
+            if run_dir is not None and run_dir.exists():
+                shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
+            load_start = os.getloadavg()[0]
+            t0, c0 = time.perf_counter(), time.process_time()
+            status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if status != 0:
+                failed.append({"record": path.name, "status": status})
+                continue
+            record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
+                                 (load_start, os.getloadavg()[0]), cpu)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+            done.append({"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")})
+            print(json.dumps(done[-1]), flush=True)
+    return {"comparison": comparison, "done": done, "skipped": skipped, "failed": failed}
+
+
+def load_records(out: Path, comparison: str) -> list[dict[str, Any]]:
+    folder = out / comparison
+    if not folder.is_dir():
+        return []
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*__s*.json"))]
+    return [r for r in records if r.get("comparison") == comparison]
+
+
+def missing_records(out: Path, comparison: str, quick: bool = False) -> dict[str, list[int]]:
+    """Method -> seeds whose record the page still needs."""
+    wanted = {m: (0,) for m in SEEDS_WANTED[comparison]} if quick else SEEDS_WANTED[comparison]
+    return {
+        name: missing
+        for name, seeds in wanted.items()
+        if (missing := [s for s in seeds if not record_path(out, comparison, name, s).is_file()])
+    }
+
+
+def completion_commands(comparison: str, missing: Mapping[str, list[int]]) -> list[str]:
+    """One command per distinct seed list that completes the missing records."""
+    by_seeds: dict[tuple[int, ...], list[str]] = {}
+    for name, seeds in missing.items():
+        by_seeds.setdefault(tuple(seeds), []).append(name)
+    return [
+        f"python bench/results.py run {comparison} --seeds {' '.join(map(str, seeds))} --methods {' '.join(names)}"
+        for seeds, names in by_seeds.items()
+    ]
+
+
+# ------------------------------------------------------------------------------------------ summaries
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    """Mean, sample std (0 for one value) and count of the finite values.
+
+    >>> mean_std([1.0, 2.0, 3.0])
+    (2.0, 1.0, 3)
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, 0
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0, 1
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)), len(finite)
+
+
+def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
+    if n == 0:
+        return "—"
+    return f"{mean:.{digits}f} ± {std:.{digits}f} (n={n})"
+
+
+def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method: seeds, walls, and mean/std over seeds of the final numbers."""
+    out: dict[str, Any] = {}
+    for m in COMPARISONS[comparison]:
+        mine = sorted((r for r in records if r["method"] == m.name), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"label": m.label, "seeds": [r["seed"] for r in mine],
+                                 "wall_s": {str(r["seed"]): r["wall_s"] for r in mine}}
+        if comparison == "magrpo":
+            keys = sorted({k for r in mine for k in r["eval"] if not k.startswith("pass@")})
+            entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
+            entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
+        else:
+            entry["final"] = {
+                model: {k: mean_std([r["final"][model][k] for r in mine]) for k in ("task_reward", "kl", "combined")}
+                for model in m.models
+            }
+            keys = sorted({k for r in mine for k in r["eval"]})
+            entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
+            entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
+        out[m.name] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _band(ax: Any, curves: list[list[float]], color: str, label: str, smoothing: int, style: str = "-") -> None:
+    import numpy as np
+
+    from baselines.plots import smooth
+
+    length = min(len(c) for c in curves)
+    stack = np.array([smooth(c[:length], smoothing) for c in curves])  # (seeds, iterations)
+    x = np.arange(1, length + 1)
+    mean = np.nanmean(stack, axis=0)
+    ax.plot(x, mean, style, color=color, linewidth=2, label=f"{label} (n={len(curves)})")
+    if len(curves) > 1:
+        std = np.nanstd(stack, axis=0, ddof=1)
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
+
+
+COLORS = ("tab:grey", "tab:brown", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:red")
+
+
+def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Path, smoothing: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    colors = dict(zip((m.name for m in COMPARISONS["magrpo"]), COLORS))
+    for m in COMPARISONS["magrpo"]:
+        mine = [r for r in records if r["method"] == m.name and r["curve"].get("reward/total")]
+        if mine:
+            _band(axes[0], [r["curve"]["reward/total"] for r in mine], colors[m.name], m.label, smoothing)
+            if "reward/delimiter" in mine[0]["curve"]:
+                _band(axes[2], [r["curve"]["reward/delimiter"] for r in mine], colors[m.name], m.label, smoothing)
+    axes[0].set_title(f"training batch joint reward (max 3.0), moving average {smoothing}", fontsize=9)
+    axes[0].set_xlabel("iteration")
+    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]", fontsize=9)
+    axes[2].set_xlabel("iteration")
+    axes[2].set_ylim(-0.05, 1.05)
+    names = [n for n in (m.name for m in COMPARISONS["magrpo"]) if n in summary]
+    for i, name in enumerate(names):
+        untrained = method("magrpo", name).learner == "eval"  # before = after: one bar
+        for j, (key, shade) in enumerate((("eval_before", 0.35), ("eval", 1.0))):
+            if untrained and key == "eval_before":
+                continue
+            mean, std, n = summary[name][key].get("total", (math.nan, math.nan, 0))
+            if n:
+                axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std, color=colors[name], alpha=shade, capsize=3)
+    axes[1].set_xticks(range(len(names)), [summary[n]["label"].replace(", ", "\n") for n in names], fontsize=7)
+    axes[1].set_title("eval joint reward before (faint) / after training, mean ± std", fontsize=9)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    if axes[2].lines:
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_cory(records: list[dict[str, Any]], path: Path, smoothing: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    lines = {("ppo", "agent"): ("tab:red", "-"), ("cory", "model_0"): ("tab:blue", "-"),
+             ("cory", "model_1"): ("tab:green", "-"), ("cory-no-swap", "model_0"): ("tab:blue", ":"),
+             ("cory-no-swap", "model_1"): ("tab:green", ":"), ("cory-individual", "model_0"): ("tab:cyan", "--"),
+             ("cory-individual", "model_1"): ("tab:olive", "--")}
+    titles = {"task_reward": "task reward (the model's own VADER sentiment)", "kl": "KL to the base (nats / response)",
+              "kl_coef": "adaptive KL coefficient"}
+    for m in COMPARISONS["cory"]:
+        mine = [r for r in records if r["method"] == m.name]
+        if not mine:
+            continue
+        for model in m.models:
+            color, style = lines[(m.name, model)]
+            for ax, key in zip(axes, titles):
+                curves = [r["curve"][f"agent_{model}/{key}"] for r in mine]
+                _band(ax, curves, color, f"{m.label} {model}" if m.learner == "cory" else m.label, smoothing, style)
+    for ax, title in zip(axes, titles.values()):
+        ax.set_title(f"{title}; band ± std", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"CORY vs PPO on IMDB (SmolLM2-135M, LoRA); moving average {smoothing}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ the page
+def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
+    """The page's generated section for one comparison (markdown)."""
+    lines: list[str] = []
+    if comparison == "magrpo":
+        components = ("total", "structure", "length", "diversity", "transition", "jaccard", "delimiter")
+        lines.append("| method | " + " | ".join(f"eval {c}" for c in components) + " | eval total before |")
+        lines.append("|---" * (len(components) + 2) + "|")
+        for entry in summary.values():
+            cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
+            lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {fmt(*entry['eval_before']['total'])} |")
+    else:
+        lines.append("| method | model | task reward (last 5 it.) | KL (last 5 it.) | r - 0.01 KL | eval after |")
+        lines.append("|---|---|---|---|---|---|")
+        for entry in summary.values():
+            for model, values in entry["final"].items():
+                evals = {k: v for k, v in entry["eval"].items() if k.startswith("sentiment") or k == "total"}
+                shown = ", ".join(f"{k} {fmt(*v)}" for k, v in evals.items())
+                lines.append(f"| {entry['label']} | {model} | {fmt(*values['task_reward'])} | {fmt(*values['kl'])} | "
+                             f"{fmt(*values['combined'])} | {shown} |")
+    lines.append("")
+    lines.append("Records (one per method and seed; wall = seconds of that run on the shared 2-core machine):")
+    lines.append("")
+    lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit |")
+    lines.append("|---|---|---|---|---|---|")
+    for r in sorted(records, key=lambda r: (r["method"], r["seed"])):
+        load = r["load_average_1min"]
+        name = f"{r['method']}__s{r['seed']}"
+        lines.append(f"| [{name}](results/{comparison}/{name}.json) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
+                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} |")
+    missing = missing_records(out, comparison)
+    lines.append("")
+    if missing:
+        lines.append("**Missing records** (" + ", ".join(f"{n}: seeds {s}" for n, s in missing.items())
+                     + "). Complete them with:")
+        lines.append("")
+        lines.append("```bash")
+        lines += completion_commands(comparison, missing)
+        lines.append("python bench/results.py render")
+        lines.append("```")
+    else:
+        lines.append("All records of this comparison exist.")
+    return "\n".join(lines)
+
+
+def short_commit(commit: str | None) -> str:
+    """``abcdef12`` (``+dirty`` when the tree had uncommitted changes to tracked files).
+
+    >>> short_commit("0123456789abcdef+dirty")
+    '01234567+dirty'
+    """
+    if not commit:
+        return ""
+    return commit[:8] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+MARKER = "<!-- results:{name}:{end} (written by `python bench/results.py render`; edits in between are lost) -->"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """Put ``body`` between the ``name`` markers of ``text`` (the markers must be there)."""
+    begin, end = MARKER.format(name=name, end="begin"), MARKER.format(name=name, end="end")
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"the page has no {name!r} section: add the two marker lines {begin!r} and {end!r}")
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
+
+
+def estimate_missing(out: Path) -> tuple[float, list[str]]:
+    """Seconds the missing records would take at the mean wall of their method's finished records, and
+    the methods (``comparison/method``) with no finished record to estimate from."""
+    total, unknown = 0.0, []
+    for comparison in COMPARISONS:
+        records = load_records(out, comparison)
+        for name, seeds in missing_records(out, comparison).items():
+            walls = [r["wall_s"] for r in records if r["method"] == name]
+            if walls:
+                total += len(seeds) * sum(walls) / len(walls)
+            else:
+                unknown.append(f"{comparison}/{name}")
+    return total, unknown
+
+
+def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
+    """Figures, summary JSON and (when ``page`` is given) the page's generated sections, from the records."""
+    result: dict[str, Any] = {"figures": [], "total_wall_s": 0.0, "records": 0, "missing": {}}
+    sections: dict[str, str] = {}
+    for comparison in COMPARISONS:
+        records = load_records(out, comparison)
+        summary = summarise(comparison, records)
+        result["records"] += len(records)
+        result["total_wall_s"] += sum(r["wall_s"] for r in records)
+        result["missing"][comparison] = missing_records(out, comparison)
+        if records:
+            figure = out / f"{comparison}.png"
+            if comparison == "magrpo":
+                plot_magrpo(records, summary, figure, smoothing)
+            else:
+                plot_cory(records, figure, smoothing)
+            result["figures"].append(str(figure))
+        (out / f"{comparison}.json").parent.mkdir(parents=True, exist_ok=True)
+        (out / f"{comparison}.json").write_text(json.dumps({"settings": settings_of(comparison, False),
+                                                            "summary": summary}, indent=1) + "\n", encoding="utf-8")
+        sections[comparison] = tables(comparison, summary, records, out)
+    hours = result["total_wall_s"] / 3600
+    estimate, unknown = estimate_missing(out)
+    result["missing_wall_estimate_s"] = estimate
+    text = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s ({hours:.2f} h)**, "
+            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs: several runs at "
+            "once (see each record's load average), and paused for minutes at a time while timing benchmarks ran. "
+            "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
+    if any(result["missing"].values()):
+        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
+                 "the finished records of the same method)")
+        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+    sections["wall"] = text
+    if page is not None:
+        text = page.read_text(encoding="utf-8")
+        for name, body in sections.items():
+            text = replace_section(text, name, body)
+        page.write_text(text, encoding="utf-8")
+        result["page"] = str(page)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ command line
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the missing records of a comparison")
+    run.add_argument("comparison", choices=sorted(COMPARISONS))
+    run.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (--quick: 0)")
+    run.add_argument("--methods", nargs="+", default=None, help="default: every method of the comparison")
+    run.add_argument("--quick", action="store_true", help="tiny sizes, 2 iterations (smoke tests)")
+    run.add_argument("--model", default=None, help="HF model id or local dir (default: the embedded SmolLM2-135M)")
+    run.add_argument("--threads", type=int, default=None, help="torch threads of each training run")
+    for p in (run, sub.add_parser("render", help="figures, summaries and the page's tables from the records"),
+              sub.add_parser("status", help="which records exist and which are missing")):
+        p.add_argument("--out", default=None, help=f"records and figures (default: {RECORDS.relative_to(ROOT)}; "
+                                                   "--quick: runs/results-quick/records)")
+        p.add_argument("--runs-dir", default="runs/results", help="run directories and logs (default: %(default)s)")
+    render_parser = sub.choices["render"]
+    render_parser.add_argument("--page", default=str(PAGE), help="page to update ('' for none; default: %(default)s)")
+    render_parser.add_argument("--smoothing", type=int, default=3, help="moving-average window (default: %(default)s)")
+    args = parser.parse_args(argv)
+    quick = getattr(args, "quick", False)
+    out = Path(args.out) if args.out else (Path("runs/results-quick/records") if quick else RECORDS)
+    if args.command == "run":
+        seeds = args.seeds if args.seeds is not None else ([0] if quick else list(DEFAULT_SEEDS))
+        if args.methods:
+            for name in args.methods:
+                method(args.comparison, name)  # unknown names fail before anything runs
+        result = run_records(args.comparison, seeds=seeds, methods=args.methods, quick=quick, out=out,
+                             runs_dir=Path(args.runs_dir) / ("quick" if quick else ""), model=args.model,
+                             threads=args.threads)
+        status = 1 if result["failed"] else 0
+    elif args.command == "render":
+        result = render(out, Path(args.page) if args.page else None, args.smoothing)
+        status = 0
+    else:
+        result = {c: {"records": [f"{r['method']}__s{r['seed']}" for r in load_records(out, c)],
+                      "missing": missing_records(out, c), "commands": completion_commands(c, missing_records(out, c))}
+                  for c in COMPARISONS}
+        status = 0
+    print(json.dumps(result))
+    return status
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""The fused decoder's scoring and training passes (agents/decoder.py) against the model's own forward
+through PEFT: the same log-probs, values and gradients in float32, the policy and the reference in one
+pass, long rows through the fused attention kernel, other architectures' biases, and the cases that
+keep PEFT's forward (LoRA dropout in a gradient pass, full fine-tuning, backend="generate").
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+from agents import LoraSettings, MultiAgentPolicy
+from agents import decoder as decoder_module
+from llm_envs.tokenizers import load_tokenizer
+
+AGENTS = ("helper", "main")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(None)
+
+
+def perturbed(policy: MultiAgentPolicy, seed: int = 1) -> MultiAgentPolicy:
+    torch.manual_seed(seed)
+    with torch.no_grad():  # non-zero adapters (B starts at 0) and value heads
+        for agent in policy.agents:
+            for param in policy.parameters(agent):
+                param.add_(0.3 * torch.randn_like(param))
+    return policy
+
+
+RANK_4 = LoraSettings(rank=4)
+
+
+def make_policy(tokenizer, *, value_head: bool = True, lora=RANK_4, model=None, **kwargs):
+    model = tiny_model(tokenizer) if model is None else model
+    return perturbed(MultiAgentPolicy(model, tokenizer, AGENTS, lora=lora, value_head=value_head, **kwargs))
+
+
+def episode(tokenizer, n: int = 3, response: int = 7, seed: int = 0):
+    """Left-padded prompts of different lengths and right-padded responses (one ends early)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 9, 3, 8, 6][:n]
+    width = max(lengths)
+    p_ids = torch.full((n, width), tokenizer.pad_token_id)
+    p_mask = torch.zeros(n, width, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        p_ids[i, width - length :] = torch.randint(5, 1000, (length,), generator=g)
+        p_mask[i, width - length :] = 1
+    r_ids = torch.randint(5, 1000, (n, response), generator=g)
+    r_mask = torch.ones(n, response, dtype=torch.long)
+    r_mask[1, response - 3 :] = 0
+    r_ids[1, response - 3 :] = tokenizer.pad_token_id
+    return p_ids, p_mask, r_ids, r_mask
+
+
+def peft_path(policy):
+    """The same policy scoring through the model's own forward (the engine detached)."""
+    engine = policy.engine
+
+    class Switch:
+        def __enter__(self):
+            policy.engine = None
+            return policy
+
+        def __exit__(self, *exc):
+            policy.engine = engine
+
+    return Switch()
+
+
+def assert_grads_close(mine, theirs):
+    """Float32 gradients of sums over tokens: equal up to rounding relative to the tensor's scale."""
+    assert len(mine) == len(theirs) > 2
+    for a, b in zip(mine, theirs):
+        assert b.abs().max() > 0
+        assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (a - b).abs().max()
+
+
+def loss_and_grads(policy, agent, batch):
+    policy.train()
+    for p in policy.parameters(agent):
+        p.grad = None
+    logprobs, values = policy.forward(agent, *batch, with_values=True)
+    mask = batch[3].float()
+    (-(logprobs * mask).sum() + ((values - 0.5) ** 2 * mask).sum()).backward()
+    grads = [p.grad.clone() for p in policy.parameters(agent)]
+    policy.eval()
+    return logprobs.detach(), values.detach(), grads
+
+
+def test_scores_and_gradients_equal_peft(tokenizer):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer)
+    assert policy._fused()
+    for agent in AGENTS:
+        fused = loss_and_grads(policy, agent, batch)
+        with peft_path(policy):
+            assert not policy._fused()
+            reference = loss_and_grads(policy, agent, batch)
+        torch.testing.assert_close(fused[0], reference[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fused[1], reference[1], atol=1e-5, rtol=1e-5)
+        assert_grads_close(fused[2], reference[2])
+        # pads score 0
+        assert (fused[0][batch[3] == 0] == 0).all() and (fused[1][batch[3] == 0] == 0).all()
+
+
+def test_reference_and_one_pass_score_equal_separate_calls(tokenizer):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer, n=4)
+    for temperature in (1.0, 0.7):
+        logprobs, values, ref = policy.score("main", *batch, with_values=True, with_reference=True,
+                                             temperature=temperature)
+        with peft_path(policy):
+            expected_lp, expected_v = policy.forward("main", *batch, with_values=True, temperature=temperature)
+            expected_ref = policy.ref_logprobs("main", *batch, temperature=temperature)
+            separate = policy.score("main", *batch, with_values=True, with_reference=True, temperature=temperature)
+        torch.testing.assert_close(logprobs, expected_lp.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(values, expected_v.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ref, expected_ref, atol=1e-5, rtol=1e-5)
+        for mine, theirs in zip((logprobs, values, ref), separate):
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(policy.ref_logprobs("main", *batch, temperature=temperature), ref,
+                                   atol=1e-6, rtol=1e-6)
+        assert not torch.allclose(ref, logprobs)  # the adapter matters: the reference is not the policy
+    only = policy.score("helper", *batch)
+    assert only[1] is None and only[2] is None
+
+
+def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer, response=9)
+    short = loss_and_grads(policy, "helper", batch)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH", 4)
+    monkeypatch.setattr(decoder_module.F, "scaled_dot_product_attention", spy)
+    long = loss_and_grads(policy, "helper", batch)
+    assert calls
+    for a, b in zip(short[:2], long[:2]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_grads_close(long[2], short[2])
+
+
+def test_qwen2_biases_and_grouped_heads(tokenizer):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         use_sliding_window=False, tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.5)
+    policy = make_policy(tokenizer, model=model.eval())
+    assert policy.backend == "engine" and policy._fused()
+    batch = episode(tokenizer)
+    fused = loss_and_grads(policy, "main", batch)
+    with peft_path(policy):
+        reference = loss_and_grads(policy, "main", batch)
+    torch.testing.assert_close(fused[0], reference[0], atol=1e-5, rtol=1e-5)
+    assert_grads_close(fused[2], reference[2])
+
+
+def test_lora_dropout_gradient_passes_keep_peft(tokenizer):
+    policy = make_policy(tokenizer, lora=LoraSettings(rank=4, dropout=0.1))
+    batch = episode(tokenizer)
+    policy.train()
+    assert not policy._fused()  # PEFT draws dropout per adapted module
+    with torch.no_grad():
+        assert policy._fused()  # passes without gradients run without dropout
+        fused = policy.score("main", *batch)[0]
+    with peft_path(policy), torch.no_grad():
+        torch.testing.assert_close(fused, policy.score("main", *batch)[0], atol=1e-5, rtol=1e-5)
+    policy.eval()
+    assert policy._fused()
+
+
+def test_full_fine_tuning_and_generate_backend_keep_the_models_forward(tokenizer):
+    full = MultiAgentPolicy(tiny_model(tokenizer), tokenizer, ("main",), lora=None)
+    assert full.engine is not None and not full._fused()
+    batch = episode(tokenizer)
+    logprobs = full.logprobs("main", *batch)
+    logprobs.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in full.parameters("main"))
+    slow = make_policy(tokenizer, backend="generate")
+    assert slow.engine is None and not slow._fused()
+
+
+def test_bf16_scoring_is_close_to_peft_and_finite(tokenizer):
+    policy = make_policy(tokenizer, model=tiny_model(tokenizer).to(torch.bfloat16))
+    batch = episode(tokenizer)
+    fused = loss_and_grads(policy, "main", batch)
+    with peft_path(policy):
+        reference = loss_and_grads(policy, "main", batch)
+    mask = batch[3].bool()
+    assert all(torch.isfinite(t).all() for t in (fused[0], fused[1], *fused[2]))
+    assert (fused[0][mask] - reference[0][mask]).abs().mean() < 0.05
+    assert all(p.dtype == torch.float32 for p in policy.parameters("main"))
+
+
+def test_blocks_must_cover_the_batch(tokenizer):
+    policy = make_policy(tokenizer)
+    ids = torch.randint(5, 100, (3, 6))
+    with pytest.raises(ValueError, match="blocks cover 2 rows, the batch has 3"):
+        policy.engine.hidden_states(ids, torch.ones_like(ids), [decoder_module.Block("main", 2)], torch.arange(6))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64)
+    ids = torch.randint(0, 50, (3, 5))
+    monkeypatch.setattr(decoder_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # 4 rows a chunk: 4 chunks of 15 rows
+    got = decoder_module.chosen_logprobs(hidden, weight, ids, temperature)
+    expected = torch.log_softmax(hidden @ weight.t() / temperature, -1).gather(-1, ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(got, expected.float())
+    upstream = torch.randn(3, 5, dtype=torch.float32)
+    (grad,) = torch.autograd.grad((got * upstream).sum(), hidden)
+    (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), hidden)
+    torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="frozen LM head"):
+        decoder_module.chosen_logprobs(hidden, weight.clone().requires_grad_(True), ids)
+
+
+def test_checkpointing_changes_memory_not_results(tokenizer):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer)
+    assert policy.gradient_checkpointing  # the default
+    with_checkpoints = loss_and_grads(policy, "main", batch)
+    policy.gradient_checkpointing = False
+    without = loss_and_grads(policy, "main", batch)
+    torch.testing.assert_close(with_checkpoints[0], without[0], atol=0, rtol=0)
+    for a, b in zip(with_checkpoints[2], without[2]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    # A checkpointed pass keeps only each layer's input, not its activations.
+    ids = torch.cat(batch[:3:2], dim=1)
+    mask = torch.cat([batch[1], batch[3]], dim=1)
+    saved = {}
+    for checkpoint in (False, True):
+        sizes = []
+
+        def pack(tensor, sizes=sizes):
+            sizes.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            policy.engine.hidden_states(ids, mask, [decoder_module.Block("main", len(ids))],
+                                        torch.arange(ids.shape[1]), checkpoint=checkpoint)
+        saved[checkpoint] = sum(sizes)
+    assert saved[True] * 3 < saved[False]
+
+
+def test_the_base_owns_its_weights_once_fused(tokenizer, tmp_path):
+    """Loaded from safetensors, the weights start as a mapping of the file; once the engine has fused
+    q/k/v and gate/up, no weight points into the file any more (so it costs its size once)."""
+    tiny_model(tokenizer).save_pretrained(tmp_path)
+    from agents.models import load_model
+
+    model = load_model(tmp_path, dtype=torch.float32)
+    policy = MultiAgentPolicy(model, tokenizer, AGENTS, lora=LoraSettings(rank=4))
+    policy.generate_joint({"main": (torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long))}, 1,
+                          max_new_tokens=2)
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    weights = policy.engine.causal_lm.state_dict()
+    pointers = {t.untyped_storage().data_ptr() for t in weights.values()}
+    assert len(pointers) < len(weights)  # q/k/v and gate/up share fused storages
+    mapped = [line for line in maps.splitlines() if str(tmp_path) in line]
+    assert not mapped, mapped
+
+
+def test_release_memory_runs():
+    from agents.memory import release_memory
+
+    assert release_memory() in (True, False)
+    if os.uname().sysname == "Linux":
+        import platform
+
+        if platform.libc_ver()[0] == "glibc":
+            assert release_memory() is True
+
+
+def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
+    lengths = {n: decoder_module.bucket_length(n) for n in (1, 16, 17, 140, 255, 256, 257, 300, 600, 4097)}
+    assert lengths == {1: 8, 16: 16, 17: 24, 140: 144, 255: 256, 256: 256, 257: 264, 300: 304, 600: 608,
+                       4097: 4224}
+    assert all(n <= b < n + max(8, n / 32) for n, b in lengths.items())
+    assert len({decoder_module.bucket_length(n) for n in range(60, 200)}) == 18  # 64, 72, ..., 200
+    policy = make_policy(tokenizer)
+    p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
+    padded = decoder_module.pad_left(p_ids, p_mask, p_ids.shape[1] + 21, tokenizer.pad_token_id)
+    assert padded[0].shape[1] == p_ids.shape[1] + 21 and padded[1][:, :21].sum() == 0
+    torch.testing.assert_close(policy.score("main", *padded, r_ids, r_mask)[0],
+                               policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,171 @@
+"""bench/results.py (docs/results.md): --quick records through the learners' command line with a tiny
+model, skipping finished records on a re-run, and the figures, summaries and page tables rendered from
+whatever records exist."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def results():
+    spec = importlib.util.spec_from_file_location("bench_results", ROOT / "bench" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def last_json(capsys: pytest.CaptureFixture[str]) -> dict:
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    return json.loads(lines[-1])
+
+
+PAGE = """# Results
+{wall}
+## MAGRPO
+{magrpo}
+reading kept
+## CORY
+{cory}
+"""
+
+
+def page_with_markers(results, path: Path) -> Path:
+    marks = {
+        name: results.MARKER.format(name=name, end="begin") + "\nold\n" + results.MARKER.format(name=name, end="end")
+        for name in ("wall", "magrpo", "cory")
+    }
+    path.write_text(PAGE.format(**marks), encoding="utf-8")
+    return path
+
+
+def test_quick_magrpo_records_skip_and_render(results, tiny_model_dir, tmp_path, capsys) -> None:
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    methods = ["untrained-sequential", "single-strict", "magrpo-2turn"]
+    argv = ["run", "magrpo", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--methods", *methods]
+    assert results.main(argv) == 0
+    summary = last_json(capsys)
+    assert [d["record"] for d in summary["done"]] == [f"{m}__s0.json" for m in methods]
+    records = {r["method"]: r for r in results.load_records(out, "magrpo")}
+    assert set(records) == set(methods)
+    for record in records.values():
+        assert record["seed"] == 0 and record["quick"] and record["wall_s"] >= 0
+        assert record["command"].startswith("llm-envs ") and "--model" in record["command"]
+        assert math.isfinite(record["eval"]["total"])
+    single, two_turn = records["single-strict"], records["magrpo-2turn"]
+    # The single agent writes both parts: twice the pair's tokens per response; its reward reports the delimiter.
+    assert single["flags"]["max-new-tokens"] == 2 * two_turn["flags"]["max-new-tokens"]
+    assert single["env"] == "writing/xsum-single-strict-v0" and "delimiter" in single["eval"]
+    assert single["curve"]["iteration"] == [1.0, 2.0] and len(single["curve"]["reward/delimiter"]) == 2
+    assert two_turn["flags"]["num-turns"] == 2 and "--num-turns 2" in two_turn["command"]
+    assert records["untrained-sequential"]["command"].startswith("llm-envs eval --env writing/xsum-sequential-v0")
+    assert records["untrained-sequential"]["curve"] == {}
+
+    # A re-run skips what exists and runs nothing.
+    assert results.main(argv) == 0
+    again = last_json(capsys)
+    assert again["done"] == [] and sorted(again["skipped"]) == sorted(f"{m}__s0.json" for m in methods)
+
+    page = page_with_markers(results, tmp_path / "results.md")
+    assert results.main(["render", "--out", str(out), "--page", str(page)]) == 0
+    rendered = last_json(capsys)
+    assert rendered["records"] == 3 and (out / "magrpo.png").is_file()
+    text = page.read_text(encoding="utf-8")
+    assert "old" not in text and "reading kept" in text
+    assert "single agent (GRPO), split=strict" in text and "(n=1)" in text
+    # The page names every missing record and the command that completes it.
+    run = "python bench/results.py run magrpo"
+    assert f"{run} --seeds 0 1 2 --methods untrained-parallel single-reference magrpo" in text
+    assert f"{run} --seeds 1 2 --methods untrained-sequential single-strict magrpo-2turn" in text
+    saved = json.loads((out / "magrpo.json").read_text())
+    assert saved["summary"]["single-strict"]["seeds"] == [0]
+    assert saved["settings"]["num-iterations"] == results.MAGRPO_SETTINGS["num-iterations"]
+
+
+def test_quick_cory_records(results, tiny_model_dir, tmp_path, capsys) -> None:
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    argv = ["run", "cory", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--methods", "ppo", "cory-individual"]
+    assert results.main(argv) == 0
+    assert len(last_json(capsys)["done"]) == 2
+    records = {r["method"]: r for r in results.load_records(out, "cory")}
+    ppo, cory = records["ppo"], records["cory-individual"]
+    assert set(ppo["final"]) == {"agent"} and set(cory["final"]) == {"model_0", "model_1"}
+    assert cory["env"] == "sentiment/imdb-cory-individual-v0" and cory["flags"]["swap-every"] == 5
+    for record in (ppo, cory):
+        for model in record["final"]:
+            assert len(record["curve"][f"agent_{model}/kl"]) == 2
+            assert all(math.isfinite(v) for v in record["final"][model].values())
+        assert record["flags"]["init-kl-coef"] == results.CORY_SETTINGS["init-kl-coef"]
+    assert results.main(["render", "--out", str(out), "--page", ""]) == 0
+    assert (out / "cory.png").is_file() and last_json(capsys)["missing"]["cory"]["ppo"] == [1, 2]
+
+
+def test_helpers(results, tmp_path) -> None:
+    assert results.to_argv({"swap-every": 0, "adaptive-kl": True, "eval-greedy": False}) == [
+        "--swap-every", "0", "--adaptive-kl", "--no-eval-greedy"]
+    assert results.mean_std([2.0, math.nan, 4.0]) == (3.0, math.sqrt(2.0), 2)
+    assert results.mean_std([]) == (math.nan, math.nan, 0) or math.isnan(results.mean_std([])[0])
+    assert results.missing_records(tmp_path, "cory") == {"ppo": [0, 1, 2], "cory": [0, 1, 2], "cory-no-swap": [0],
+                                                         "cory-individual": [0]}
+    assert results.completion_commands("cory", {"ppo": [1, 2], "cory": [1, 2], "cory-no-swap": [0]}) == [
+        "python bench/results.py run cory --seeds 1 2 --methods ppo cory",
+        "python bench/results.py run cory --seeds 0 --methods cory-no-swap",
+    ]
+    with pytest.raises(ValueError, match="unknown method 'sac' of 'cory'"):
+        results.method("cory", "sac")
+    with pytest.raises(ValueError, match="the page has no 'magrpo' section"):
+        results.replace_section("no markers here", "magrpo", "body")
+    with pytest.raises(SystemExit):
+        results.main(["run", "dqn"])
+
+
+def test_eval_top_k(tiny_model_dir, capsys, monkeypatch) -> None:
+    """``llm-envs eval --top-k`` reaches the evaluation (the untrained records sample as the learners'
+    evaluations do, top-k 50); the default stays 0 (off); a negative value is refused."""
+    import baselines.evaluation
+    from baselines.cli import main
+
+    real, seen = baselines.evaluation.evaluate, []
+
+    def evaluate(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(baselines.evaluation, "evaluate", evaluate)
+    base = ["eval", "--model", tiny_model_dir, "--env", "writing/xsum-single-v0", "--num-problems", "2",
+            "--max-new-tokens", "12", "--max-source-words", "20"]
+    assert main(base + ["--sample", "--top-k", "50", "--seed", "4"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert {"eval/delimiter", "eval/marker", "eval/total"} <= set(result)
+    assert seen[-1]["top_k"] == 50 and seen[-1]["greedy"] is False and seen[-1]["seed"] == 4
+    assert main(base + ["--sample", "--top-k", "-1"]) == 2
+    assert "--top-k must be >= 0 (0 disables it), got -1" in capsys.readouterr().err
+    assert len(seen) == 1  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_quick_with_the_embedded_model(results, tmp_path, capsys) -> None:
+    """The page's path end to end with the real model: the single agent under the reference split (2
+    iterations of 1 problem x 2 samples) and the untrained sequential pair."""
+    out = tmp_path / "records"
+    argv = ["run", "magrpo", "--quick", "--out", str(out), "--runs-dir", str(tmp_path / "runs"), "--threads", "1",
+            "--methods", "untrained-sequential", "single-reference"]
+    assert results.main(argv) == 0
+    assert len(last_json(capsys)["done"]) == 2
+    records = {r["method"]: r for r in results.load_records(out, "magrpo")}
+    single = records["single-reference"]
+    assert "--model" not in single["command"]
+    assert 0.0 <= single["eval"]["total"] <= 3.0 and 0.0 <= single["eval"]["delimiter"] <= 1.0
+    assert len(single["curve"]["reward/total"]) == 2
+    assert 0.0 <= records["untrained-sequential"]["eval"]["total"] <= 3.0

@@ -1,0 +1,144 @@
+"""The layout holds: every module imports; no import cycle among the modules of ``baselines`` (imports
+inside functions count too: a cycle is a cycle whenever it closes); the packages never import upward
+(``llm_envs`` imports neither ``agents`` nor ``baselines``, ``agents`` does not import ``baselines``);
+``llm_envs`` imports torch only inside functions that need it."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("llm_envs", "agents", "baselines")
+
+
+def modules(package: str) -> dict[str, Path]:
+    """Dotted name -> file of every module of ``package`` (``pkg`` for ``pkg/__init__.py``)."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+ALL = {name: path for package in PACKAGES for name, path in modules(package).items()}
+
+
+def imported(name: str, path: Path, *, top_level_only: bool = False) -> set[str]:
+    """The modules of our packages (or any absolute module when it is not ours: ``torch``) that the
+    module ``name`` imports, anywhere in its code or at its top level only."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in ALL else base)
+    return found
+
+
+def ours(names: set[str]) -> set[str]:
+    """Import targets mapped to our modules (``baselines.ppo.Config`` is not a module: its module is)."""
+    out = set()
+    for target in names:
+        parts = target.split(".")
+        while parts and ".".join(parts) not in ALL:
+            parts.pop()
+        if parts:
+            out.add(".".join(parts))
+    return out
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph`` (module -> modules it imports), one per strongly connected group
+    of two or more modules (or a module importing itself), each as a path that closes on its start.
+
+    >>> find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    [['a', 'b', 'c', 'a']]
+    >>> find_cycles({"a": {"b"}, "b": set()})
+    []
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for group in groups:  # one concrete path through the group, for the message
+        members, path = set(group), [group[0]]
+        while True:
+            nxt = min(m for m in graph[path[-1]] if m in members)
+            if nxt in path:
+                cycles.append(path[path.index(nxt) :] + [nxt])
+                break
+            path.append(nxt)
+    return sorted(cycles)
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_every_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_no_import_cycle_in_baselines():
+    graph = {
+        name: {m for m in ours(imported(name, path)) if m.startswith("baselines") and m != name}
+        for name, path in modules("baselines").items()
+    }
+    assert graph["baselines.evaluation"] >= {"baselines.play", "baselines.rng"}  # the parser sees imports
+    assert find_cycles(graph) == [], "import cycles in baselines: " + "; ".join(
+        " -> ".join(c) for c in find_cycles(graph)
+    )
+
+
+@pytest.mark.parametrize(("package", "forbidden"), [("llm_envs", ("agents", "baselines")), ("agents", ("baselines",))])
+def test_packages_never_import_upward(package, forbidden):
+    upward = {
+        name: sorted(m for m in ours(imported(name, path)) if m.split(".")[0] in forbidden)
+        for name, path in modules(package).items()
+    }
+    assert {k: v for k, v in upward.items() if v} == {}
+
+
+def test_llm_envs_imports_torch_only_inside_functions():
+    at_import = {
+        name: sorted(m for m in imported(name, path, top_level_only=True) if m.split(".")[0] == "torch")
+        for name, path in modules("llm_envs").items()
+    }
+    assert {k: v for k, v in at_import.items() if v} == {}
