@@ -76,9 +76,10 @@ class Config(LearnerConfig):
     """Normalise the advantages over the batch to mean 0, std 1."""
     loss_aggregation: Literal["token-mean", "sequence-sum"] = "token-mean"
     """Actor loss over response tokens: mean over the batch's tokens, or sum per response."""
-    micro_batch_tokens: int = 512
+    micro_batch_tokens: int = 2048
     """Token budget of one forward/backward of the actors' and the critic's updates (rows x columns
-    per pass; at least one row): bounds activation memory, the same gradient up to rounding; 0 = none."""
+    per pass; at least one row): bounds activation memory, the same gradient up to rounding; 0 = none
+    (MAGRPO's default, measured in docs/agents.md)."""
     seed_per_problem: bool | None = None
     """Sample each problem group from its own seed (seed, iteration, turn, problem position), so that
     the samples do not depend on how problems are split across processes. Unset: on with several
