@@ -219,8 +219,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         models = list(MODELS)
     else:
         models = agents
+    if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
+        from baselines.critic import CRITIC
+
+        models = [*models, CRITIC]  # the centralised critic's adapter is part of the checkpoint
     policy = MultiAgentPolicy.from_pretrained(
-        models, model, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory")
+        models, model, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory", "maac")
     )
     if checkpoint is not None:
         policy.load(checkpoint / "policy")

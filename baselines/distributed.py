@@ -234,7 +234,10 @@ def all_reduce_grads(params: Iterable[torch.nn.Parameter], op: Literal["sum", "m
         raise ValueError(f"op must be 'sum' or 'mean', got {op!r}")
     if not _active():
         return
-    params = [p for p in params if p.requires_grad]
+    # Not filtered by requires_grad: PEFT re-freezes every adapter but the active one when adapters are
+    # re-enabled (after a reference forward), so the flag can differ between ranks, and every rank must
+    # reduce the same parameters or the collectives mismatch.
+    params = list(params)
     if not params:
         return
     device = _device()

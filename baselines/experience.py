@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from baselines import distributed
+from baselines.critic import CRITIC
 from baselines.tensors import masked_mean
 
 
@@ -161,28 +162,49 @@ class Experience:
     returns: torch.Tensor
     kl: torch.Tensor
     scores: torch.Tensor
+    contexts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    """``--critic central``: each turn's (N, L) context ids and mask of the central critic
+    (:func:`baselines.critic.central_context`); ``None``: the model's own value head."""
 
 
-def score_turn(policy: Any, model: str, gen: Any, temperature: float) -> tuple[torch.Tensor, ...]:
+def score_turn(
+    policy: Any, model: str, gen: Any, temperature: float, context: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, ...]:
     """One turn under ``model``: (N, T_k) log-probs and values (its adapter and value head) and the
     reference's log-probs (adapters off, on the same prompt), in one pass where the policy can
-    (:meth:`MultiAgentPolicy.score`)."""
+    (:meth:`MultiAgentPolicy.score`). ``context`` (``--critic central``): the values are the central
+    critic's, reading ``context`` then the same response tokens."""
     args = (gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask)
-    return policy.score(model, *args, with_values=True, with_reference=True, temperature=temperature)
+    if context is None:
+        return policy.score(model, *args, with_values=True, with_reference=True, temperature=temperature)
+    logprobs, _, ref = policy.score(model, *args, with_reference=True, temperature=temperature)
+    values = policy.values(CRITIC, context[0], context[1], gen.response_ids, gen.response_mask)
+    return logprobs, values, ref
 
 
 @torch.no_grad()
 def make_experience(
-    policy: Any, model: str, turns: Any, scores: torch.Tensor, kl_coef: float, config: Any
+    policy: Any,
+    model: str,
+    turns: Any,
+    scores: torch.Tensor,
+    kl_coef: float,
+    config: Any,
+    contexts: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Experience:
     """Score one model's episodes. ``turns``: its ``Generation`` of each turn, in order (one
     ``Generation``: single-turn episodes); ``scores``: (N, K) the env's reward of each turn ((N,) for
     one). Each turn is scored on its own prompt (:func:`score_turn`: the value head reads the turn's
     prompt, the env's feedback included); then over the responses laid end to end: per-token rewards
     (KL penalty, each turn's score on its last token), GAE across the turns, whitened advantages.
-    ``config``: a PPO config (``scoring_temperature()``, ``gamma``, ``lam``, ``whiten_advantages``)."""
+    ``config``: a PPO config (``scoring_temperature()``, ``gamma``, ``lam``, ``whiten_advantages``).
+    ``contexts`` (``--critic central``): each turn's central-critic context, whose values replace the
+    model's own head's."""
     gens = list(turns) if isinstance(turns, Sequence) else [turns]
-    parts = [score_turn(policy, model, gen, config.scoring_temperature()) for gen in gens]
+    if contexts is not None and len(contexts) != len(gens):
+        raise ValueError(f"got {len(contexts)} critic contexts for {len(gens)} turns")
+    ctx = list(contexts) if contexts is not None else [None] * len(gens)
+    parts = [score_turn(policy, model, gen, config.scoring_temperature(), c) for gen, c in zip(gens, ctx)]
     old_logprobs, old_values, ref_logprobs = (torch.cat(tensors, 1) for tensors in zip(*parts))
     device = old_logprobs.device
     mask = torch.cat([gen.response_mask for gen in gens], 1).to(device)
@@ -192,4 +214,5 @@ def make_experience(
     advantages, returns = gae(rewards, old_values, mask, config.gamma, config.lam)
     if config.whiten_advantages:
         advantages = whiten(advantages, mask, across_ranks=distributed.world_size() > 1)
-    return Experience(gens, mask, old_logprobs, old_values, advantages, returns, kl, scores)
+    return Experience(gens, mask, old_logprobs, old_values, advantages, returns, kl, scores,
+                      None if contexts is None else list(contexts))

@@ -15,6 +15,11 @@ Docs: docs/maac.md.
 Run it::
 
     llm-envs train maac --env writing/xsum-v0 --num-iterations 100
+
+The critic's pieces (shared with PPO's and CORY's ``--critic central``) are in :mod:`baselines.critic`;
+the actors' rollout and update are MAGRPO's (:mod:`baselines.play`, :mod:`baselines.policy_gradient`);
+the run around the loop (directory, logs, evaluations, checkpoints, ``--resume``, Ctrl-C) is
+:mod:`baselines.run`'s.
 """
 
 from __future__ import annotations
@@ -27,15 +32,31 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines.config import CoreConfig, check_choice, check_ints, check_ranges
+from baselines import distributed
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.critic import (
+    CRITIC,
+    central_context,
+    central_forward,
+    critic_inputs,
+    critic_values,
+    row_chunks,
+    value_loss,
+)
+from baselines.metrics import reward_metrics
+from baselines.play import probe_env, rollout
+from baselines.policy_gradient import discounted_returns, update_agent
+from baselines.run import Run
 
 LEARNER = "maac"
-CRITIC = "critic"
-"""The critic's adapter name in the policy (an env agent may not use it)."""
+__all__ = [
+    "CRITIC", "LEARNER", "Config", "central_context", "central_forward", "critic_inputs", "critic_values", "main",
+    "row_chunks", "summary", "update_critic", "value_loss", "whiten",
+]
 
 
 @dataclass
-class Config(CoreConfig):
+class Config(LearnerConfig):
     """MAAC settings: the shared ones (baselines/config.py) and MAAC's own. Every field is a ``--flag``
     of ``llm-envs train maac``."""
 
@@ -55,18 +76,41 @@ class Config(CoreConfig):
     """Normalise the advantages over the batch to mean 0, std 1."""
     loss_aggregation: Literal["token-mean", "sequence-sum"] = "token-mean"
     """Actor loss over response tokens: mean over the batch's tokens, or sum per response."""
+    micro_batch_tokens: int = 2048
+    """Token budget of one forward/backward of the actors' and the critic's updates (rows x columns
+    per pass; at least one row): bounds activation memory, the same gradient up to rounding; 0 = none
+    (MAGRPO's default, measured in docs/agents.md)."""
+    seed_per_problem: bool | None = None
+    """Sample each problem group from its own seed (seed, iteration, turn, problem position), so that
+    the samples do not depend on how problems are split across processes. Unset: on with several
+    processes (torchrun / accelerate launch), off with one."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_ints(self, {"num_problems": 1, "num_generations": 1, "num_epochs": 1})
+        check_ints(self, {"num_problems": 1, "num_generations": 1, "num_epochs": 1, "micro_batch_tokens": 0})
         check_ranges(self, {
             "critic_learning_rate": (self.critic_learning_rate > 0, "> 0"),
             "clip_value": (self.clip_value >= 0, ">= 0"),
         })
         check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
+        if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
+            raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
+
+    def check_processes(self, world_size: int) -> None:
+        """Seeds per problem and at least one problem per process."""
+        if world_size > 1 and self.seed_per_problem is False:
+            raise ValueError(
+                f"seed_per_problem=False with {world_size} processes: each process would sample its share "
+                "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
+            )
+        if self.num_problems < world_size:
+            raise ValueError(
+                f"num_problems={self.num_problems} cannot be shared among {world_size} processes; every "
+                f"process needs at least one problem per iteration (num_problems >= {world_size})"
+            )
 
     def actor_config(self) -> Any:
-        """The settings magrpo's rollout and actor update read (baselines.magrpo.update_agent)."""
+        """The settings magrpo's rollout and actor update read (baselines.policy_gradient.update_agent)."""
         from baselines.magrpo import Config as MAGRPOConfig
 
         return MAGRPOConfig(
@@ -75,203 +119,170 @@ class Config(CoreConfig):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, learning_rate=self.learning_rate,
             num_epochs=self.num_epochs, clip_eps=self.clip_eps, loss_aggregation=self.loss_aggregation,
             max_grad_norm=self.max_grad_norm, baseline="none", gamma=self.gamma,
-            logprob_temperature=self.logprob_temperature,
+            logprob_temperature=self.logprob_temperature, micro_batch_tokens=self.micro_batch_tokens,
         )
 
 
 # ----------------------------------------------------------------------------------------- critic
-def critic_inputs(
-    turn_prompts: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    turn_responses: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    agents: list[str],
-    pad_id: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The critic's view of one turn: for each row, every agent's prompt tokens then its response tokens
-    (masks decide what is a token), agents in env order, left-padded -> (N, L) ids, mask.
-
-    >>> p = {"a": (torch.tensor([[0, 5]]), torch.tensor([[0, 1]])), "b": (torch.tensor([[7]]), torch.tensor([[1]]))}
-    >>> r = {"a": (torch.tensor([[6, 0]]), torch.tensor([[1, 0]])), "b": (torch.tensor([[8]]), torch.tensor([[1]]))}
-    >>> critic_inputs(p, r, ["a", "b"], pad_id=0)[0].tolist()
-    [[5, 6, 7, 8]]
-    """
-    n = len(next(iter(turn_prompts.values()))[0])
-    rows = []
-    for i in range(n):
-        parts = []
-        for a in agents:
-            for ids, mask in (turn_prompts[a], turn_responses[a]):
-                parts.append(ids[i][mask[i].bool()])
-        rows.append(torch.cat(parts))
-    width = max(len(r) for r in rows)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = r
-        mask[i, width - len(r):] = 1
-    return ids, mask
+def whiten(x: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
+    """(N, T) -> mean 0, std 1 over every entry (unbiased std clamped at 1e-6). ``across_ranks``: the
+    mean and std of every process's entries together (data-parallel runs)."""
+    if not across_ranks:
+        return (x - x.mean()) / x.std().clamp(min=1e-6) if x.numel() > 1 else x - x.mean()
+    total, count = distributed.all_sum([float(x.sum()), float(x.numel())])
+    mean = total / count
+    squares = distributed.all_sum(float(((x.double() - mean) ** 2).sum()))
+    if count <= 1:
+        return x - mean
+    return (x - mean) / max(math.sqrt(squares / (count - 1)), 1e-6)
 
 
-def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(N,) the critic's estimate after reading the whole joint turn: the value of the state before a
-    one-token probe response (the pad id, masked in), i.e. after the last input token."""
-    probe = torch.full((len(ids), 1), policy.pad_token_id, dtype=torch.long)
-    return policy.values(CRITIC, ids, mask, probe, torch.ones_like(probe))[:, 0]
+def update_critic(
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    inputs: list[tuple[torch.Tensor, torch.Tensor]],
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    config: Config,
+) -> dict[str, float]:
+    """``num_epochs`` steps of the critic on one batch: ``inputs`` per turn (:func:`critic_inputs`),
+    (N, turns) old estimates and returns. Each turn's value loss is a mean over the batch's rows (of
+    every process: each rank sums its rows over the global count and the gradients are summed over
+    ranks), turns weighted equally; passes of at most ``micro_batch_tokens`` tokens."""
+    spread = distributed.world_size() > 1
+    rows = float(len(old_values))
+    denominator = distributed.all_sum(rows) if spread else rows
+    params = policy.parameters(CRITIC)
+    losses, norms = [], []
+    for epoch in range(config.num_epochs):
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for t, (ids, mask) in enumerate(inputs):
+            for c in row_chunks(ids, config.micro_batch_tokens):
+                values = critic_values(policy, ids[c], mask[c])
+                loss = value_loss(values, old_values[c, t].to(values.device), returns[c, t].to(values.device),
+                                  config.clip_value, denominator) / len(inputs)
+                loss.backward()
+                total += float(loss.detach())
+        overall = distributed.all_sum(total) if spread else total
+        if not math.isfinite(overall):
+            raise FloatingPointError(
+                f"critic: non-finite value loss {overall} at epoch {epoch}; lower critic_learning_rate "
+                f"({config.critic_learning_rate}) or check the rewards"
+            )
+        distributed.all_reduce_grads(params, "sum")
+        if config.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        optimizer.step()
+        losses.append(overall)
+        norms.append(float(norm))
+    return {"value_loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms))}
 
 
-def value_loss(values: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
-    """PPO's value loss: (N,) -> scalar, 0.5 * max((V - R)^2, (clip(V, old +- clip) - R)^2) averaged.
-
-    >>> float(value_loss(torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([0.0]), 0.5))
-    2.0
-    """
-    loss = (values - returns) ** 2
-    if clip > 0:
-        clipped = old + (values - old).clamp(-clip, clip)
-        loss = torch.maximum(loss, (clipped - returns) ** 2)
-    return 0.5 * loss.mean()
-
-
-def whiten(x: torch.Tensor) -> torch.Tensor:
-    """(N, T) -> mean 0, std 1 over every entry (std clamped at 1e-6)."""
-    return (x - x.mean()) / x.std().clamp(min=1e-6) if x.numel() > 1 else x - x.mean()
+def old_critic_values(policy: Any, inputs: list[tuple[torch.Tensor, torch.Tensor]], budget: int) -> torch.Tensor:
+    """(N, turns) the critic's estimates of every turn before the update, in passes within ``budget`` tokens."""
+    with torch.no_grad():
+        return torch.stack(
+            [torch.cat([critic_values(policy, ids[c], mask[c]).float().cpu() for c in row_chunks(ids, budget)])
+             for ids, mask in inputs],
+            1,
+        )
 
 
 # ----------------------------------------------------------------------------------------- main
-def main(config: Config) -> dict[str, float]:
-    """Train MAAC; returns the last iteration's metrics plus ``eval_before/*`` and ``eval/*``."""
-    import shutil
+def main(config: Config) -> dict[str, Any]:
+    """Train MAAC; returns the last iteration's metrics plus ``eval_before/*`` and ``eval/*``.
 
-    from tqdm.auto import tqdm
-
+    Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its share of each
+    iteration's problems (each problem group sampled from its own seed); advantages are whitened over
+    the whole batch and the actors' and the critic's gradients summed over processes
+    (baselines/distributed.py). Only rank 0 evaluates, logs, plots and writes checkpoints. Ctrl-C saves
+    the last finished iteration; ``--resume`` continues from the newest checkpoint."""
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.checkpoints import TrainerState, check_run_dir, save_checkpoint
-    from baselines.evaluation import evaluate
-    from baselines.metrics import MetricLogger
-    from baselines.play import probe_env, rollout
-    from baselines.plots import plot_metrics
-    from baselines.policy_gradient import discounted_returns, update_agent
-    from baselines.rng import seed_everything
     from llm_envs.core.vector import VectorEnv
 
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    run_dir = config.run_dir()
-    check_run_dir(run_dir, resume=False, overwrite=config.overwrite)
-    if config.overwrite and (run_dir / "checkpoints").exists():
-        shutil.rmtree(run_dir / "checkpoints")
-    rng = seed_everything(config.seed)
+    run = Run.begin(config)  # threads, processes, run directory, seeds
+    per_problem = run.info.distributed if config.seed_per_problem is None else config.seed_per_problem
+    positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
+    g = config.num_generations
+    n_envs = config.num_problems * g
     env_kwargs = config.build_env_kwargs()
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     if CRITIC in agents:
         raise ValueError(f"env {config.env!r} has an agent named {CRITIC!r}, the name of MAAC's critic adapter")
+    device = distributed.device_for("data-parallel", agents, run.info, config.device)[agents[0]]
     policy = MultiAgentPolicy.from_pretrained(
-        [*agents, CRITIC], config.model, dtype=config.dtype, device=config.device, value_head=True,
+        [*agents, CRITIC], config.model, dtype=config.dtype, device=device, value_head=True,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
     )
-    n_envs = config.num_problems * config.num_generations
-    venv = VectorEnv(config.env, n_envs, max_new_tokens=config.max_new_tokens,
+    venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens,
                      stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
     optimizers[CRITIC] = policy.optimizer(CRITIC, lr=config.critic_learning_rate)
     actor_config = config.actor_config()
-    logger = MetricLogger(run_dir, tensorboard=config.tensorboard, config=config)
+    run.resume(policy, optimizers)
+    run.start(policy, optimizers, env_kwargs=env_kwargs, weights="actor and critic weights")
 
-    def run_eval() -> dict[str, float]:
-        if config.num_eval_problems == 0:
-            return {}
-        return evaluate(policy, config.env, num_problems=config.num_eval_problems,
-                        max_new_tokens=config.max_new_tokens, greedy=True, seed=config.seed,
-                        env_kwargs=env_kwargs)
-
-    before = run_eval()
-    if before:
-        logger.log(0, before)
-    policy.train()
     metrics: dict[str, float] = {}
-    bar = tqdm(range(config.num_iterations), disable=not config.progress, desc="maac", dynamic_ncols=True)
-    for iteration in bar:
-        t0 = time.perf_counter()
-        problems = rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
-        g = config.num_generations
-        options = [{"task_index": int(problems[b]), "split": "train"} for b in range(config.num_problems)
-                   for _ in range(g)]
-        seeds = [config.seed * 1_000_003 + iteration * n_envs + k for k in range(n_envs)]
-        turns = rollout(policy, venv, seeds, options, actor_config)
-        t_rollout = time.perf_counter() - t0
+    with run.interruptible():
+        run.evaluate_before()
+        for iteration in run.iterations():
+            t0 = time.perf_counter()
+            problems = run.rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
+            options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
+            seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
+            turns = rollout(policy, venv, seeds, options, actor_config, positions if per_problem else None, iteration)
+            t_rollout = time.perf_counter() - t0
+            distributed.check_equal(len(turns), "turns per episode")
 
-        # Joint returns (every agent gets the joint reward under the parallel protocol; the critic
-        # estimates the first agent's, which is the joint one unless a task pays agents separately).
-        rewards = torch.tensor(np.stack([turn.rewards[agents[0]] for turn in turns], 1), dtype=torch.float32)
-        returns = discounted_returns(rewards, config.gamma)  # (N, turns)
-        inputs = [
-            critic_inputs(
-                turn.prompts,
-                {a: (turn.responses[a].response_ids, turn.responses[a].response_mask) for a in agents},
-                agents,
-                policy.pad_token_id,
-            )
-            for turn in turns
-        ]
-        with torch.no_grad():
-            old_values = torch.stack([critic_values(policy, *x) for x in inputs], 1)  # (N, turns)
-        advantages = returns - old_values
-        if config.whiten_advantages:
-            advantages = whiten(advantages)
-
-        metrics = {}
-        for agent in agents:
-            stats = update_agent(policy, optimizers[agent], agent, turns, advantages, actor_config)
-            for key, value in stats.items():
-                metrics[f"agent_{agent}/{key}"] = value
-        critic_stats = []
-        for _ in range(config.num_epochs):
-            optimizers[CRITIC].zero_grad(set_to_none=True)
-            total = torch.zeros(())
-            for t, x in enumerate(inputs):
-                loss = value_loss(critic_values(policy, *x), old_values[:, t], returns[:, t], config.clip_value)
-                (loss / len(inputs)).backward()
-                total = total + loss.detach() / len(inputs)
-            if not math.isfinite(float(total)):
-                raise FloatingPointError(
-                    f"critic: non-finite value loss {float(total)}; lower critic_learning_rate "
-                    f"({config.critic_learning_rate}) or check the rewards"
+            # Joint returns (every agent gets the joint reward under the parallel protocol; the critic
+            # estimates the first agent's, which is the joint one unless a task pays agents separately).
+            rewards = torch.tensor(np.stack([turn.rewards[agents[0]] for turn in turns], 1), dtype=torch.float32)
+            returns = discounted_returns(rewards, config.gamma)  # (N, turns)
+            inputs = [
+                critic_inputs(
+                    turn.prompts,
+                    {a: (turn.responses[a].response_ids, turn.responses[a].response_mask) for a in agents},
+                    agents,
+                    policy.pad_token_id,
                 )
-            if config.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(policy.parameters(CRITIC), config.max_grad_norm)
-            optimizers[CRITIC].step()
-            critic_stats.append(float(total))
-        last = turns[-1].infos[agents[0]]
-        elapsed = time.perf_counter() - t0
-        metrics.update({
-            "losses/value_loss": float(np.mean(critic_stats)),
-            "losses/pg_loss": float(np.mean([metrics[f"agent_{a}/pg_loss"] for a in agents])),
-            "charts/critic_value": float(old_values.mean()),
-            "charts/critic_explained_variance": float(1 - (returns - old_values).var() / returns.var().clamp(min=1e-8)),
-            "reward/total": float(np.mean(last["reward_total"])),
-            "charts/episode_return": float(returns[:, 0].mean()),
-            "charts/iteration": iteration + 1,
-            "charts/s_per_iteration": elapsed,
-            "charts/rollout_fraction": t_rollout / elapsed,
-        })
-        for key, value in last.items():
-            if key.startswith("reward_") and key != "reward_total":
-                metrics[f"reward/{key[len('reward_'):]}"] = float(np.mean(value))
-        logger.log(iteration + 1, metrics)
-        bar.set_postfix(reward=f"{metrics['reward/total']:.3f}")
-    bar.close()
-    after = run_eval()
-    if after:
-        logger.log(config.num_iterations, after)
-    state = TrainerState.capture(step=config.num_iterations, policy=policy, optimizers=optimizers, rng=rng)
-    save_checkpoint(run_dir, state, learner=LEARNER, config=config, policy=policy)
-    logger.close()
+                for turn in turns
+            ]
+            old_values = old_critic_values(policy, inputs, config.micro_batch_tokens)  # (N, turns)
+            advantages = returns - old_values
+            if config.whiten_advantages:
+                advantages = whiten(advantages, across_ranks=run.info.distributed)
+
+            metrics = {}
+            for agent in agents:
+                stats = update_agent(policy, optimizers[agent], agent, turns, advantages, actor_config)
+                metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
+            critic_stats = update_critic(policy, optimizers[CRITIC], inputs, old_values, returns, config)
+            rows = distributed.gather_rows({"returns": returns, "old_values": old_values})
+            last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
+            explained = 1 - (rows["returns"] - rows["old_values"]).var() / rows["returns"].var().clamp(min=1e-8)
+            step = iteration + 1
+            elapsed = time.perf_counter() - t0
+            metrics.update(reward_metrics(last))
+            metrics.update({
+                "losses/value_loss": critic_stats["value_loss"],
+                "losses/pg_loss": float(np.mean([metrics[f"agent_{a}/pg_loss"] for a in agents])),
+                "agent_critic/grad_norm": critic_stats["grad_norm"],
+                "charts/critic_value": float(rows["old_values"].mean()),
+                "charts/critic_explained_variance": float(explained),
+                "charts/episode_return": float(rows["returns"][:, 0].mean()),
+                "charts/iteration": step,
+                "charts/s_per_iteration": elapsed,
+                "charts/rollout_fraction": t_rollout / elapsed,
+            })
+            run.write_samples(step, venv.envs, seeds, options)
+            run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}")
+        run.evaluate_after()
+    result = run.finish(metrics)
     venv.close()
-    result: dict[str, Any] = dict(metrics)
-    result.update(after)
-    result.update({f"eval_before/{k.split('/', 1)[1]}": v for k, v in before.items()})
-    result["plot"] = str(plot_metrics(run_dir / "metrics.jsonl"))
-    result["run_dir"] = str(run_dir)
     return result
 
 
@@ -282,6 +293,8 @@ def summary(result: dict[str, Any]) -> str:
     lines = eval_table(result)
     if "reward/total" in result:
         lines.append(f"last training reward {result['reward/total']:.3f}")
+    if "plot" in result:
+        lines.append(f"plot: {result['plot']}")
     lines.append(f"run:  {result.get('run_dir')}")
     return "\n".join(lines)
 

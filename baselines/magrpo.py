@@ -42,7 +42,7 @@ from baselines.metrics import reward_metrics
 from baselines.play import Turn, probe_env, rollout
 from baselines.policy_gradient import Aggregation, Baseline, discounted_returns, group_advantages, update_agent
 from baselines.run import Run, mean_over_agents
-from llm_envs.core.vector import VectorEnv
+from llm_envs.core.vector import make_vec
 
 LEARNER = "magrpo"
 
@@ -68,6 +68,10 @@ class Config(LearnerConfig):
     termination_threshold: float | None = None
     """Tree rollouts: a node whose mean joint reward exceeds this expands no further (the reference's
     early termination; its default is -0.2). Unset: every node expands until the last turn."""
+    protocol: Literal["auto", "parallel", "sequential"] = "auto"
+    """The env's protocol: ``auto`` (the id's registered one), ``parallel`` (all agents at once) or
+    ``sequential`` (agents in order, each seeing the earlier agents' responses of the turn; tree
+    rollouts only, baselines/tree.py)."""
     grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
     """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
     samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
@@ -146,24 +150,44 @@ class Config(LearnerConfig):
                 raise ValueError(
                     f"termination_threshold={self.termination_threshold!r} prunes tree branches; use rollout='tree'"
                 )
+        check_choice(self, "protocol", ("auto", "parallel", "sequential"))
+        if self.resolved_protocol() == "sequential" and not self.uses_tree():
+            raise ValueError(
+                f"protocol={self.protocol!r} is sequential for {self.env!r} and rollout='linear': sequential "
+                "episodes are played as trees here (baselines/tree.py); use rollout='tree'"
+            )
 
     def check_processes(self, world_size: int) -> None:
-        """Seeds per problem, linear rollouts and at least one problem per process."""
+        """Seeds per problem and at least one problem per process."""
         if world_size > 1 and self.seed_per_problem is False:
             raise ValueError(
                 f"seed_per_problem=False with {world_size} processes: each process would sample its share "
                 "from its own global RNG stream; leave --seed-per-problem unset (or True) for data-parallel runs"
-            )
-        if world_size > 1 and self.uses_tree():
-            raise ValueError(
-                f"rollout={self.rollout!r}, joint_mode={self.joint_mode!r} runs in one process only (tree levels "
-                f"differ in size between processes); got {world_size} processes"
             )
         if self.num_problems < world_size:
             raise ValueError(
                 f"num_problems={self.num_problems} cannot be shared among {world_size} processes; every "
                 f"process needs at least one problem per iteration (num_problems >= {world_size})"
             )
+
+    def resolved_protocol(self) -> str:
+        """The protocol in force (``auto``: the env id's registered one; an unknown id counts as
+        parallel here and is reported when the env is built)."""
+        if self.protocol != "auto":
+            return self.protocol
+        from llm_envs.core.registry import spec
+
+        try:
+            return spec(self.env).protocol
+        except KeyError:
+            return "parallel"
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The shared env arguments and ``protocol`` when it is not the id's own."""
+        kwargs = super().env_kwargs()
+        if self.protocol != "auto":
+            kwargs["protocol"] = self.protocol
+        return kwargs
 
     def resolved_grouping(self) -> str:
         """The advantage grouping in force (``auto`` resolved)."""
@@ -247,8 +271,8 @@ def main(config: Config) -> dict[str, float]:
         backend=config.backend,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
-    venv = VectorEnv(config.env, b_local * g, max_new_tokens=config.max_new_tokens,
-                     stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
+    venv = make_vec(config.env, b_local * g, max_new_tokens=config.max_new_tokens,  # sequential: trees only
+                    stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
     run.resume(policy, optimizers)
@@ -263,7 +287,9 @@ def main(config: Config) -> dict[str, float]:
             if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/tree.py
                 seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
                 options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
-                metrics = tree.train_step(policy, optimizers, venv.envs[0], seeds, options, config)
+                sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
+                metrics = tree.train_step(policy, optimizers, venv.envs[0], seeds, options, config,
+                                          sample_seeds if per_problem else None)
                 t_rollout = metrics.pop("charts/rollout_s")
                 joint_samples = int(metrics["charts/joint_rewards"])
             else:

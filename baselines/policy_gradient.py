@@ -157,7 +157,7 @@ def update_agent(
 
     def chunks(gen: Any) -> list[slice]:
         n, size = len(gen.response_mask), rows_per_pass(gen)
-        return [slice(i, i + size) for i in range(0, n, size)] or [slice(0, 0)]
+        return [slice(i, i + size) for i in range(0, n, size)]  # none for a turn without rows
 
     ref = []
     if config.kl_coef > 0:
@@ -167,7 +167,7 @@ def update_agent(
                 policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
                                     gen.response_mask[c], temperature=config.scoring_temperature())
                 for c in chunks(gen)
-            ]))
+            ]) if len(gen.response_mask) else gen.response_mask.float())
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):

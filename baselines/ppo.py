@@ -29,13 +29,14 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
 from baselines import distributed, play
-from baselines.config import LearnerConfig, check_ints, check_ranges
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.critic import CRITIC, central_context, central_forward
 from baselines.experience import Experience, make_experience
 from baselines.kl_control import kl_controller
 from baselines.metrics import reward_metrics
@@ -94,6 +95,10 @@ class Config(LearnerConfig):
     """Normalise advantages to mean 0, std 1 over the batch's response tokens."""
     eta: float = 0.01
     """Weight of the KL in the logged combined metric ``r - eta * KL`` (logging only)."""
+    critic: Literal["per-agent", "central"] = "per-agent"
+    """Value function: ``per-agent`` (a value head on each model's adapter: IAC) or ``central`` (one
+    critic adapter + value head, MAAC's, shared by every model, reading every agent's prompt and response
+    before the scored tokens; its own optimizer at learning_rate; baselines/critic.py)."""
     seed_per_episode: bool | None = None
     """Sample each episode on its own from a seed of (seed, iteration, episode position), so that the
     samples do not depend on how episodes are split across processes. Unset: on with several
@@ -123,6 +128,7 @@ class Config(LearnerConfig):
         })
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
+        check_choice(self, "critic", ("per-agent", "central"))
 
     def check_processes(self, world_size: int) -> None:
         """Seeds per episode and at least one episode per process."""
@@ -197,10 +203,12 @@ def clipped_value_loss(
 
 # ----------------------------------------------------------------------------------------- update
 def ppo_update(
-    policy: Any, optimizer: torch.optim.Optimizer, model: str, exp: Experience, config: Config
+    policy: Any, optimizer: torch.optim.Optimizer, model: str, exp: Experience, config: Config,
+    critic_optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, float]:
     """``num_ppo_epochs`` passes of shuffled minibatches over one agent's experience; returns the means
-    of the losses and diagnostics.
+    of the losses and diagnostics. ``critic_optimizer`` (``--critic central``): the central critic's,
+    stepped on the value loss of the same minibatches (``exp`` holds the critic's contexts).
 
     With several processes each rank holds its contiguous block of the batch's rows. Every rank
     shuffles the *global* row order the same way (rank 0's permutation), so a minibatch is the same
@@ -212,11 +220,14 @@ def ppo_update(
         k: []
         for k in ("policy_loss", "value_loss", "loss", "clip_fraction", "value_clip_fraction", "approx_kl", "grad_norm")
     }
-    params = policy.parameters(model)
+    critic_params = [] if critic_optimizer is None else policy.parameters(CRITIC)
+    params = policy.parameters(model, value_head=critic_optimizer is None)  # a central critic: no own head
     tokens = exp.response_mask.sum(1)  # (N,) per episode
     batches = distributed.global_minibatches(tokens, config.minibatch_size, config.num_ppo_epochs)
     for epoch, batch, denominator in batches:
         optimizer.zero_grad(set_to_none=True)
+        if critic_optimizer is not None:
+            critic_optimizer.zero_grad(set_to_none=True)
         if len(batch):
             values_out = _minibatch_loss(policy, model, exp, batch, config, denominator)
         else:  # this rank holds none of the minibatch's episodes: its share of every sum is 0
@@ -239,6 +250,11 @@ def ppo_update(
         else:
             norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
         optimizer.step()
+        if critic_optimizer is not None:  # the value loss's gradient reaches only the critic
+            distributed.all_reduce_grads(critic_params, "sum")
+            if config.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(critic_params, config.max_grad_norm)
+            critic_optimizer.step()
         for key, value in values_out.items():
             stats[key].append(float(value.detach()))
         stats["grad_norm"].append(float(norm))
@@ -254,11 +270,15 @@ def _minibatch_loss(
 ) -> dict[str, torch.Tensor]:
     """Clipped policy and value losses of one minibatch's ``rows`` (token means, or token sums over
     ``denominator``) and their diagnostics; one forward per turn, on that turn's prompts."""
-    outputs = [
-        policy.forward(model, gen.prompt_ids[rows], gen.prompt_mask[rows], gen.response_ids[rows],
-                       gen.response_mask[rows], with_values=True, temperature=config.scoring_temperature())
-        for gen in exp.turns
-    ]
+    temperature = config.scoring_temperature()
+    outputs = []
+    for k, gen in enumerate(exp.turns):
+        args = (gen.prompt_ids[rows], gen.prompt_mask[rows], gen.response_ids[rows], gen.response_mask[rows])
+        if exp.contexts is None:
+            outputs.append(policy.forward(model, *args, with_values=True, temperature=temperature))
+        else:  # the central critic's values, reading the turn's context then the same tokens
+            context = (exp.contexts[k][0][rows], exp.contexts[k][1][rows])
+            outputs.append(central_forward(policy, model, *args, context, temperature))
     logprobs, values = (torch.cat(tensors, 1) for tensors in zip(*outputs))
     mask = exp.response_mask[rows].to(logprobs.device)
     pg_loss, clip_frac = clipped_policy_loss(
@@ -347,8 +367,11 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     roles, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     models = list(roles if models is None else models)
     assign = assign or (lambda _iteration: {r: r for r in roles})
+    critic = [CRITIC] if config.critic == "central" else []  # the central critic: one more adapter
+    if critic and (CRITIC in models or CRITIC in roles):
+        raise ValueError(f"--critic central names its adapter {CRITIC!r}, which is also a model of {config.env!r}")
     policy = MultiAgentPolicy.from_pretrained(
-        models,
+        [*models, *critic],
         config.model,
         dtype=config.dtype,
         device=distributed.device_for("data-parallel", models, run.info, config.device)[models[0]],
@@ -361,7 +384,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     venv = make_vec(config.env, len(positions), max_new_tokens=config.max_new_tokens,
                     stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
-    optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in models}
+    optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in [*models, *critic]}
     controllers = {m: kl_controller(config) for m in models}
     for m, value in run.resume(policy, optimizers).get("kl_coef", {}).items():
         controllers[m].value = float(value)
@@ -404,9 +427,13 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                 # 2. Per-token rewards (KL penalty, each turn's reward on its last token), values, GAE.
                 scores = torch.as_tensor(np.stack([reward for _, reward in turns[role]], 1), dtype=torch.float32)
                 gens = [gen for gen, _ in turns[role]]
-                exp = make_experience(policy, model, gens, scores, controllers[model].value, config)
+                contexts = [  # --critic central: every role's prompt and response of each turn
+                    central_context({r: turns[r][k][0] for r in roles}, roles, role, policy.pad_token_id)
+                    for k in range(len(gens))
+                ] if critic else None
+                exp = make_experience(policy, model, gens, scores, controllers[model].value, config, contexts)
                 # 3. PPO epochs over shuffled minibatches; 4. the KL coefficient adapts.
-                stats = ppo_update(policy, optimizers[model], model, exp, config)
+                stats = ppo_update(policy, optimizers[model], model, exp, config, optimizers.get(CRITIC))
                 task = float(np.mean(distributed.gather_rows(role_scores(returns, infos, role))))
                 metrics.update(model_metrics(model, role, exp, stats, task, controllers[model].value, roles, config))
                 controllers[model].update(metrics[f"agent_{model}/kl"], config.batch_size)

@@ -95,7 +95,7 @@ def test_shared_fields_have_one_docstring():
     # Every learner shares the core fields, with their definitions from baselines/config.py.
     for module in LEARNERS.values():
         assert issubclass(module.Config, shared.CoreConfig)
-    assert all(issubclass(m.Config, shared.LearnerConfig) for m in (magrpo, ppo, cory))
+    assert all(issubclass(m.Config, shared.LearnerConfig) for m in (magrpo, ppo, cory, maac))
 
 
 @pytest.mark.parametrize("learner", list(LEARNERS))

@@ -322,7 +322,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     5 + 4), adapters and value heads identical on both ranks. Minibatches of 3 from a shared shuffle
     of the global rows, so most straddle the ranks; whitening, the value loss, the adaptive KL
     controller, rank-0 evaluation and a pause/resume after iteration 1 are all exercised. CORY (two
-    models on the sequential pioneer -> observer env, roles swapped after iteration 1) likewise."""
+    models on the sequential pioneer -> observer env, roles swapped after iteration 1) likewise, with
+    per-model value heads and with the centralised critic."""
     from test_ppo import tiny_ppo
 
     from baselines import cory, ppo
@@ -346,6 +347,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
             }
         ),
     }
+    # CORY with the centralised critic (--critic central): its gradients are summed over ranks too.
+    configs["cory_central"] = dataclasses.replace(configs["cory"], run_name="cory_central", critic="central")
     spec = tmp_path / "spec.json"
     spec.write_text(
         json.dumps(
@@ -362,6 +365,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     try:
         one = ppo.main(dataclasses.replace(configs["ppo"], output_dir=str(tmp_path / "one")))
         cory.main(dataclasses.replace(configs["cory"], output_dir=str(tmp_path / "one")))
+        cory.main(dataclasses.replace(configs["cory_central"], output_dir=str(tmp_path / "one")))
         output, _ = launch.communicate(timeout=240)
     finally:
         if launch.poll() is None:  # the launcher and its workers, nothing else: they share a new session
@@ -402,6 +406,196 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(tmp_path / "dp" / "ppo"), abs=1e-6)
 
 
+def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
+    """MAAC on 2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards:
+    2 + 1), 2 turns, two epochs: actors, critic adapter and value head identical on both ranks and
+    equal to the one-process run to 1e-4; advantages are whitened over the whole batch and the
+    critic's value loss is a mean over every rank's rows. The 2-process run pauses after iteration 1
+    and resumes; rank 0 evaluates."""
+    from test_maac import tiny_maac
+
+    from baselines import maac
+
+    # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
+    config = tiny_maac(tiny_model_dir, tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
+                       dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"learner": "maac", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    launch = launch_workers(spec)
+    try:
+        one = maac.main(dataclasses.replace(config, output_dir=str(tmp_path / "one")))
+        output, _ = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:  # the launcher and its workers, nothing else: they share a new session
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        torch.set_num_threads(threads)
+    print(f"1 + 2 processes took {time.perf_counter() - start:.1f} s")
+    assert launch.returncode == 0, output[-4000:]
+
+    dp_run, one_run = tmp_path / "dp" / "maac", tmp_path / "one" / "maac"
+    ranks = [all_policy_tensors(tmp_path / "dp" / f"maac.rank{r}") for r in (0, 1)]
+    saved = all_policy_tensors(find_checkpoint(dp_run) / "policy")
+    reference = all_policy_tensors(find_checkpoint(one_run) / "policy")
+    assert ranks[0].keys() == ranks[1].keys() == saved.keys() == reference.keys()
+    assert any(k.startswith("critic.value_head") for k in reference)
+    for key, ref in reference.items():
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
+        assert torch.equal(ranks[0][key], saved[key]), f"checkpoint differs from rank 0 on {key}"
+        torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=1e-5, msg=key)
+    for name in ("brief", "detailed", "critic"):  # every adapter trained (LoRA B starts at zero)
+        assert sum(float(v.abs().sum()) for k, v in reference.items() if k.startswith(name) and "lora_B" in k) > 0
+
+    from baselines.metrics import read_metrics
+
+    def rows(run_dir: Path) -> list[dict[str, float]]:
+        keep = ("reward/", "losses/", "agent_", "charts/critic", "charts/episode_return")
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        return [{k: v for k, v in row.items() if k.startswith(keep)} for row in metrics if "reward/total" in row]
+
+    rows_one, rows_dp = rows(one_run), rows(dp_run)
+    assert len(rows_one) == len(rows_dp) == 2
+    for a, b in zip(rows_one, rows_dp, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+    assert one["eval/total"] == pytest.approx(training_eval(dp_run), abs=1e-6)
+
+
+def parity_reward(monkeypatch=None) -> None:
+    """Writing reward 10 for sources of odd length (+ a small bonus per character, so that returns differ):
+    with termination_threshold=5 those problems' trees stop at the root while the others grow a second
+    level, so the two ranks' trees differ in depth."""
+    from llm_envs.tasks.writing import WritingTask
+
+    real = WritingTask.reward
+
+    def reward(self, problem, outputs):
+        _, components = real(self, problem, outputs)
+        return 10.0 * (len(problem["source"]) % 2) + 1e-3 * sum(len(t) for t in outputs.values()), components
+
+    if monkeypatch is None:
+        WritingTask.reward = reward
+    else:
+        monkeypatch.setattr(WritingTask, "reward", reward)
+
+
+def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch):
+    """MAGRPO tree rollouts (sequential protocol, 2 turns, early termination) on 2 gloo processes x 2
+    iterations == 1 process over the same 3 problems: every node samples from its own seeds, a rank
+    whose trees all stopped at the root updates over an empty second level, metrics cover both ranks.
+    The 2-process run pauses after iteration 1 and resumes."""
+    from baselines import magrpo
+
+    parity_reward(monkeypatch)
+    # top_k=10: an inverse-CDF draw over the tiny model's near-uniform 49k-token distribution flips a token
+    # now and then on the last-bit differences of the two runs' weights after iteration 1 (measured: the
+    # cumulative sum's rounding moves 49k boundaries); over 10 candidates that does not happen.
+    # seed=4: the sampled problems make rank 0's trees stop at the root in iteration 1 (rank 1's grow)
+    # and the other way round in iteration 2.
+    config = tiny_config(tiny_model_dir, tmp_path, num_problems=3, rollout="tree", num_turns=2,
+                         protocol="sequential", termination_threshold=5.0, baseline="mean", seed_per_problem=True,
+                         threads=1, dtype="float32", run_name="tree", num_eval_problems=1, learning_rate=1e-3, seed=4,
+                         top_k=10)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"learner": "tree", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
+    threads = torch.get_num_threads()
+    start = time.perf_counter()
+    launch = launch_workers(spec)
+    try:
+        one = magrpo.main(dataclasses.replace(config, output_dir=str(tmp_path / "one")))
+        output, _ = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:  # the launcher and its workers, nothing else: they share a new session
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        torch.set_num_threads(threads)
+    print(f"1 + 2 processes took {time.perf_counter() - start:.1f} s")
+    assert launch.returncode == 0, output[-4000:]
+
+    depths = [json.loads((tmp_path / "dp" / f"depths.rank{r}.json").read_text()) for r in (0, 1)]
+    assert depths[0] != depths[1], depths  # the ranks' trees differed in depth in some iteration
+    dp_run, one_run = tmp_path / "dp" / "tree", tmp_path / "one" / "tree"
+    ranks = [policy_tensors(tmp_path / "dp" / f"tree.rank{r}") for r in (0, 1)]
+    saved = policy_tensors(find_checkpoint(dp_run) / "policy")
+    reference = policy_tensors(find_checkpoint(one_run) / "policy")
+    assert ranks[0].keys() == ranks[1].keys() == saved.keys() == reference.keys() and reference
+    for key, ref in reference.items():
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
+        assert torch.equal(ranks[0][key], saved[key]), f"checkpoint differs from rank 0 on {key}"
+        torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=1e-5, msg=key)
+    assert sum(float(v.abs().sum()) for k, v in reference.items() if "lora_B" in k) > 0
+    counted = ("charts/responses", "charts/joint_rewards", "charts/terminated_nodes")
+    rows_one, rows_dp = training_rows(one_run), training_rows(dp_run)
+    assert len(rows_one) == len(rows_dp) == 2
+    for a, b in zip(rows_one, rows_dp, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+    from baselines.metrics import read_metrics
+
+    def tree_counts(run_dir: Path) -> list[dict[str, float]]:
+        return [{k: v for k, v in r.items() if k.startswith("charts/turn_") or k in counted}
+                for r in read_metrics(run_dir / "metrics.jsonl") if "charts/responses" in r]
+
+    counts, dp_counts = tree_counts(one_run), tree_counts(dp_run)
+    assert counts == dp_counts and any(c["charts/terminated_nodes"] > 0 for c in counts)
+    assert one["eval/total"] == pytest.approx(training_eval(dp_run), abs=1e-6)
+
+
+def tree_worker(spec: dict) -> None:
+    """One rank of ``test_magrpo_tree_two_processes_match_one``: paused after iteration 1 and resumed;
+    records the depth of its trees per iteration and saves the policy it ends with."""
+    from baselines import magrpo, tree
+
+    parity_reward()
+    out = Path(spec["out"])
+    captured, depths = {}, []
+    build, grow = distributed.build_policy, tree.rollout_tree
+
+    def capture(*args, **kwargs):
+        captured["policy"] = build(*args, **kwargs)
+        return captured["policy"]
+
+    def record(*args, **kwargs):
+        levels = grow(*args, **kwargs)
+        depths.append(len(levels))
+        return levels
+
+    distributed.build_policy, tree.rollout_tree = capture, record
+    rank = int(os.environ["RANK"])
+    config = magrpo.Config(**{**spec["config"], "output_dir": str(out)})
+    magrpo.main(dataclasses.replace(config, num_iterations=1))
+    magrpo.main(dataclasses.replace(config, resume=True))
+    captured["policy"].save(out / f"tree.rank{rank}")
+    (out / f"depths.rank{rank}.json").write_text(json.dumps(depths))
+
+
+def maac_worker(spec: dict) -> None:
+    """One rank of ``test_maac_two_processes_match_one``: paused after iteration 1 and resumed; each
+    rank saves the policy it ends with."""
+    import agents
+    from baselines import maac
+
+    out = Path(spec["out"])
+    captured = {}
+    build = agents.MultiAgentPolicy.from_pretrained
+
+    def capture(*args, **kwargs):
+        captured["policy"] = build(*args, **kwargs)
+        return captured["policy"]
+
+    agents.MultiAgentPolicy.from_pretrained = capture
+    rank = int(os.environ["RANK"])
+    config = maac.Config(**{**spec["config"], "output_dir": str(out)})
+    first = maac.main(dataclasses.replace(config, num_iterations=1))
+    assert ("eval/total" in first) == (rank == 0), sorted(first)
+    maac.main(dataclasses.replace(config, resume=True))
+    captured["policy"].save(out / f"maac.rank{rank}")
+
+
 def ppo_worker(spec: dict) -> None:
     """One rank of ``test_ppo_and_cory_two_processes_match_one``: PPO paused after iteration 1 and
     resumed, then CORY straight through; each rank saves the policy it ends with."""
@@ -425,6 +619,8 @@ def ppo_worker(spec: dict) -> None:
     captured["policy"].save(out / f"ppo.rank{rank}")
     cory.main(cory.Config(**{**spec["configs"]["cory"], "output_dir": str(out)}))
     captured["policy"].save(out / f"cory.rank{rank}")
+    cory.main(cory.Config(**{**spec["configs"]["cory_central"], "output_dir": str(out)}))
+    captured["policy"].save(out / f"cory_central.rank{rank}")
 
 
 def worker(spec_path: str) -> None:
@@ -435,6 +631,12 @@ def worker(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("learner") == "ppo":
         ppo_worker(spec)
+        return
+    if spec.get("learner") == "maac":
+        maac_worker(spec)
+        return
+    if spec.get("learner") == "tree":
+        tree_worker(spec)
         return
     out = Path(spec["out"])
     captured = {}

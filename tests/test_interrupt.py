@@ -1,4 +1,4 @@
-"""Ctrl-C then ``--resume`` is the same run: for MAGRPO, PPO and CORY, a ``KeyboardInterrupt`` raised at
+"""Ctrl-C then ``--resume`` is the same run: for MAGRPO, MAAC, PPO and CORY, a ``KeyboardInterrupt`` raised at
 several points of an iteration (before any update, between two agents' updates, during an evaluation)
 leaves a checkpoint of the last iteration boundary, and the resumed run ends with exactly the adapters,
 value heads, optimizer states, KL coefficients and metrics of a run that was never interrupted.
@@ -17,7 +17,7 @@ import torch
 
 import baselines.evaluation
 import baselines.play
-from baselines import cory, magrpo, ppo
+from baselines import cory, maac, magrpo, ppo
 from baselines.checkpoints import find_checkpoint
 from baselines.metrics import read_metrics
 
@@ -43,9 +43,16 @@ def ppo_settings(model_dir: str, tmp_path, name: str) -> dict:
     return settings
 
 
+def maac_config(model_dir: str, tmp_path, name: str) -> maac.Config:
+    from test_maac import tiny_maac
+
+    return tiny_maac(model_dir, tmp_path, num_iterations=3, num_problems=2, eval_every=1, run_name=name)
+
+
 LEARNERS = {
     # learner: (module, config builder, the function that updates one agent)
     "magrpo": (magrpo, magrpo_config, "update_agent"),
+    "maac": (maac, maac_config, "update_agent"),
     "ppo": (
         ppo,
         lambda d, t, n: ppo.Config(**ppo_settings(d, t, n), env="sentiment/imdb-cory-v0"),
@@ -56,10 +63,11 @@ LEARNERS = {
 # (what raises, on which call), all in iteration 2 with 2 agents and eval_every=1: its rollout is
 # MAGRPO's 2nd rollout, and PPO's 4th play_episodes (evaluations play episodes too: before, after 1);
 # its second agent's update is the 4th update; its evaluation the 3rd (after "before" and iteration 1).
+# MAAC plays MAGRPO's rollout and updates its actors with MAGRPO's update_agent (baselines/policy_gradient.py).
 POINTS = {
-    "before-update": ("rollout", {"magrpo": 2, "ppo": 4, "cory": 4}),
-    "between-agents": ("update", {"magrpo": 4, "ppo": 4, "cory": 4}),
-    "during-eval": ("evaluate", {"magrpo": 3, "ppo": 3, "cory": 3}),
+    "before-update": ("rollout", {"magrpo": 2, "maac": 2, "ppo": 4, "cory": 4}),
+    "between-agents": ("update", {"magrpo": 4, "maac": 4, "ppo": 4, "cory": 4}),
+    "during-eval": ("evaluate", {"magrpo": 3, "maac": 3, "ppo": 3, "cory": 3}),
 }
 
 
@@ -79,9 +87,9 @@ def run_state(run_dir) -> dict:
 def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: int) -> None:
     """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there)."""
     if what == "rollout":
-        owner, name = (module, "rollout") if module is magrpo else (baselines.play, "play_episodes")
+        owner, name = (module, "rollout") if module in (magrpo, maac) else (baselines.play, "play_episodes")
     elif what == "update":
-        owner, name = (magrpo if module is magrpo else ppo), update_name
+        owner, name = (module if module in (magrpo, maac) else ppo), update_name
     else:
         owner, name = baselines.evaluation, "evaluate"
     real, calls = getattr(owner, name), []

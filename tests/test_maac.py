@@ -47,10 +47,24 @@ def test_value_loss_and_whiten_by_hand():
     assert w.mean().item() == pytest.approx(0.0) and w.std().item() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize(("field", "value"), [("clip_value", -1.0), ("num_epochs", 0), ("loss_aggregation", "max")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("clip_value", -1.0), ("num_epochs", 0), ("loss_aggregation", "max"), ("checkpoint_every", -1),
+     ("seed_per_problem", "yes")],
+)
 def test_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         Config(**{field: value})
+
+
+def tiny_maac(model_dir: str, tmp_path, **overrides) -> Config:
+    """MAAC on the tiny test model (tests/conftest.py), 2 iterations of 1 problem x 2 episodes."""
+    settings = dict(model=model_dir, max_source_words=20, num_iterations=2, num_problems=1, num_generations=2,
+                    max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-2,
+                    critic_learning_rate=1e-2, lora_rank=4, lora_alpha=8.0, num_eval_problems=1,
+                    checkpoint_every=0, output_dir=str(tmp_path), run_name="run", tensorboard=False,
+                    progress=False)
+    return Config(**{**settings, **overrides})
 
 
 @pytest.mark.slow
@@ -60,10 +74,7 @@ def test_smoke_changes_actors_and_critic(tiny_model_dir, tmp_path):
     from baselines.checkpoints import find_checkpoint
     from baselines.metrics import read_metrics
 
-    config = Config(model=tiny_model_dir, max_source_words=20, num_iterations=2, num_problems=1, num_generations=2,
-                    max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, learning_rate=1e-2,
-                    critic_learning_rate=1e-2, lora_rank=4, lora_alpha=8.0, num_eval_problems=1,
-                    output_dir=str(tmp_path), run_name="run", tensorboard=False, progress=False)
+    config = tiny_maac(tiny_model_dir, tmp_path)
     result = maac.main(config)
     numbers = {k: v for k, v in result.items() if isinstance(v, float)}
     assert all(math.isfinite(v) for v in numbers.values()), numbers

@@ -48,8 +48,8 @@ def test_transition_prompts_reach_the_agents(tokenizer):
     call = CALLS[1]
     assert call["agent_completions"] == ["x001", "y001"]
     assert call["response_history_per_agent"] == [["x001"], ["y001"]]
-    assert call["prompt_history_per_agent"] == [["Say a word about one."], ["Say another word about one."]]
-    assert call["prompt"] == "Say a word about one."  # no "prompt" field: the first agent's first prompt
+    assert call["prompt_history_per_agent"] == [["Say word 0 about one."], ["Say word 1 about one."]]
+    assert call["prompt"] == "Say word 0 about one."  # no "prompt" field: the first agent's first prompt
     # The policy's second (level 1) call sees the transition's text in every row, per branch.
     assert [("PARTNER SAID y000" in p, "PARTNER SAID y001" in p) for p in policy.prompts[1]["x"]] == [
         (True, False), (False, True)]
@@ -67,9 +67,9 @@ def test_callable_and_registered_transitions(tokenizer):
     assert env.history[-1].next_prompts == {
         "x": "PARTNER SAID there. Try again.", "y": "PARTNER SAID hello. Try again."}
     env = scripted_env(tokenizer, TABLE, 2, transition="plain")
-    env.reset(seed=0)
+    env.reset(seed=0, options={"task_index": 0})  # problem "one" (the scripted task has two)
     env.step({"x": "hello", "y": "there"})
-    assert "Say a word about one.\n\nYour previous answer:\nhello\n\nRevise" in env.text("x")
+    assert "Say word 0 about one.\n\nYour previous answer:\nhello\n\nRevise" in env.text("x")
     # level-feedback is the task's own feedback: the same prompts as no transition at all.
     texts = []
     for transition in (None, "level-feedback"):

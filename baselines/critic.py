@@ -1,0 +1,127 @@
+"""The centralised critic: a value head with its own LoRA adapter (``CRITIC``) on the shared frozen base,
+reading every agent's prompt and response. MAAC's critic (baselines/maac.py), and PPO's and CORY's with
+``--critic central`` (baselines/experience.py, baselines/ppo.py).
+
+=====================  =====================================================================
+``critic_inputs``      MAAC's view of a joint turn: every agent's prompt then response, in env order
+``critic_values``      (N,) the critic's estimate after reading such a view
+``central_context``    PPO/CORY: the other roles' prompts and responses, then the scored role's prompt
+``central_forward``    an actor's log-probs with the central critic's values of the same tokens
+``value_loss``         PPO's clipped value loss
+``row_chunks``         row slices of a batch within a token budget
+=====================  =====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+CRITIC = "critic"
+"""The critic's adapter name in the policy (an env agent or a model may not use it)."""
+
+
+def critic_inputs(
+    turn_prompts: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    turn_responses: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    agents: Sequence[str],
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's view of one turn: for each row, every agent's prompt tokens then its response tokens
+    (masks decide what is a token), agents in env order, left-padded -> (N, L) ids, mask.
+
+    >>> p = {"a": (torch.tensor([[0, 5]]), torch.tensor([[0, 1]])), "b": (torch.tensor([[7]]), torch.tensor([[1]]))}
+    >>> r = {"a": (torch.tensor([[6, 0]]), torch.tensor([[1, 0]])), "b": (torch.tensor([[8]]), torch.tensor([[1]]))}
+    >>> critic_inputs(p, r, ["a", "b"], pad_id=0)[0].tolist()
+    [[5, 6, 7, 8]]
+    """
+    n = len(next(iter(turn_prompts.values()))[0])
+    rows = []
+    for i in range(n):
+        parts = []
+        for a in agents:
+            for ids, mask in (turn_prompts[a], turn_responses[a]):
+                parts.append(ids[i][mask[i].bool()])
+        rows.append(torch.cat(parts))
+    width = max(len(r) for r in rows)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):] = r
+        mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(N,) the critic's estimate after reading the whole joint turn: the value of the state before a
+    one-token probe response (the pad id, masked in), i.e. after the last input token."""
+    probe = torch.full((len(ids), 1), policy.pad_token_id, dtype=torch.long)
+    return policy.values(CRITIC, ids, mask, probe, torch.ones_like(probe))[:, 0]
+
+
+def central_context(
+    gens: Mapping[str, Any], roles: Sequence[str], role: str, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The centralised critic's context for ``role``'s response, as PPO and CORY use it (``--critic
+    central``): per row, every other role's prompt and response (roles in env order), then ``role``'s
+    own prompt -> (N, L) ids, mask, left-padded (:func:`critic_inputs`). The critic reads ``role``'s
+    response tokens after it, so its value before each of them has seen every agent's prompt and
+    response (the later tokens of ``role``'s own response excepted, as a token-level value must).
+    ``gens``: role -> ``agents.Generation`` of one batch (rows aligned across roles)."""
+    others = [r for r in roles if r != role]
+    n = len(gens[role].prompt_ids)
+    empty = torch.zeros((n, 0), dtype=torch.long)
+    prompts = {r: (gens[r].prompt_ids, gens[r].prompt_mask) for r in [*others, role]}
+    responses = {r: (gens[r].response_ids, gens[r].response_mask) for r in others}
+    responses[role] = (empty, empty)
+    return critic_inputs(prompts, responses, [*others, role], pad_id)
+
+
+def central_forward(
+    policy: Any,
+    model: str,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    context: tuple[torch.Tensor, torch.Tensor],
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy.forward(model, ..., with_values=True)`` with the values of the central critic instead
+    of ``model``'s own head: (N, T) log-probs of ``model``'s response under its adapter and (N, T) values
+    of the critic adapter reading ``context`` (:func:`central_context`) then the same response tokens."""
+    logprobs = policy.logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
+    values = policy.values(CRITIC, context[0], context[1], response_ids, response_mask)
+    return logprobs, values
+
+
+def value_loss(
+    values: torch.Tensor, old: torch.Tensor, returns: torch.Tensor, clip: float, denominator: float | None = None
+) -> torch.Tensor:
+    """PPO's value loss: (N,) -> scalar, 0.5 * max((V - R)^2, (clip(V, old +- clip) - R)^2) averaged
+    (``denominator``: summed and divided by it instead, e.g. the rows of every process and part).
+
+    >>> float(value_loss(torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([0.0]), 0.5))
+    2.0
+    """
+    loss = (values - returns) ** 2
+    if clip > 0:
+        clipped = old + (values - old).clamp(-clip, clip)
+        loss = torch.maximum(loss, (clipped - returns) ** 2)
+    if denominator is not None:
+        return 0.5 * loss.sum() / max(float(denominator), 1.0)
+    return 0.5 * loss.mean()
+
+
+def row_chunks(ids: torch.Tensor, token_budget: int) -> list[slice]:
+    """Slices of at most ``token_budget // width`` rows of an (N, width) batch (at least one row per
+    slice; 0: one slice of every row).
+
+    >>> row_chunks(torch.zeros(5, 4), 8)
+    [slice(0, 2, None), slice(2, 4, None), slice(4, 6, None)]
+    """
+    n = len(ids)
+    size = max(1, token_budget // max(ids.shape[1], 1)) if token_budget else max(n, 1)
+    return [slice(i, i + size) for i in range(0, n, size)]
