@@ -44,6 +44,24 @@ SCRATCH = "/tmp"
 """Where each program's tmpfs scratch is mounted in the view: its cwd, ``HOME`` and ``TMPDIR``."""
 
 
+def wait_status(child: int) -> int:
+    """Wait for ``child``; its end as this process's exit status, the shell's way: 128 + N for death by
+    signal N (the caller reads it back as that signal), the exit code otherwise.
+
+    The init of a PID namespace ignores SIGXCPU (it has no handler), so a program running as init
+    meets its CPU limit as the hard limit's SIGKILL: one that used up its CPU time is reported as
+    killed by SIGXCPU, which is what the soft limit meant."""
+    _, status, usage = os.wait4(child, 0)
+    if not os.WIFSIGNALED(status):
+        return os.waitstatus_to_exitcode(status) & 0xFF
+    number = os.WTERMSIG(status)
+    cpu_limit, _ = resource.getrlimit(resource.RLIMIT_CPU)  # inherited: the child's limit too
+    if number == signal.SIGKILL and cpu_limit != resource.RLIM_INFINITY \
+            and usage.ru_utime + usage.ru_stime >= cpu_limit:
+        number = signal.SIGXCPU
+    return 128 + number
+
+
 def encode(value: Any, depth: int = 0) -> Any:
     """A value as tagged plain data (JSON-able); anything else becomes an opaque value."""
     if depth > ENCODE_DEPTH:
@@ -216,8 +234,7 @@ def single(cfg: dict[str, Any]) -> NoReturn:
             os.write(go_w, b"x")
             for fd in (req, resp, go_w):
                 os.close(fd)
-            _, status = os.waitpid(child, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            os._exit(wait_status(child))
         os.close(go_w)
         os.read(go_r, 1)
         os.close(go_r)
@@ -277,8 +294,7 @@ class _ForkServer:
         if server:
             self._send({"pid": server})
             self.control.close()
-            _, status = os.waitpid(server, 0)
-            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+            os._exit(wait_status(server))
 
     def preload(self) -> None:
         """Import the modules programs commonly use: once here instead of once per program, and so

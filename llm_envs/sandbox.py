@@ -608,6 +608,13 @@ class ProgramError(Exception):
     """The program raised an exception inside a call made by a test."""
 
 
+def _death_kind(signal_number: int | None) -> str:
+    """SIGXCPU is the kernel enforcing ``cpu_time_s``: the program ran out of time, it did not crash.
+    (A CPU-bound program reaches its CPU limit and its wall-clock deadline together; whichever the
+    caller sees first, the run is a timeout.)"""
+    return "timeout" if signal_number == signal.SIGXCPU else "crashed"
+
+
 def _exit_reason(signal_number: int | None, code: int | None) -> str:
     if signal_number is not None:
         name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else str(signal_number)
@@ -629,8 +636,13 @@ class _Channel:
         self.limits = limits
         self.buffer = b""
 
-    def _death_reason(self) -> str:
+    def _death_reason(self) -> tuple[int | None, int | None]:
+        """(signal, exit code) of the program's process once its channel closed; both None if unknown."""
         raise NotImplementedError
+
+    def _gone(self) -> _WorkerGone:
+        signal_number, code = self._death_reason()
+        return _WorkerGone(_death_kind(signal_number), _exit_reason(signal_number, code))
 
     def _read_frame(self, deadline: float, kind: str = "timeout") -> dict:
         while True:
@@ -656,7 +668,7 @@ class _Channel:
                 continue
             chunk = os.read(self.resp_r, 65536)
             if not chunk:
-                raise _WorkerGone("crashed", self._death_reason())
+                raise self._gone()
             self.buffer += chunk
 
     def _write_frame(self, obj: Any, deadline: float) -> None:
@@ -671,7 +683,7 @@ class _Channel:
                 try:
                     written = os.write(self.req_w, data[:65536])
                 except OSError:
-                    raise _WorkerGone("crashed", self._death_reason()) from None
+                    raise self._gone() from None
                 data = data[written:]
 
     def load(self, program: str, deadline: float) -> str | None:
@@ -748,17 +760,17 @@ class _Worker(_Channel):
             for fd in (req_r, resp_w, out, err):
                 os.close(fd)
 
-    def _death_reason(self) -> str:
+    def _death_reason(self) -> tuple[int | None, int | None]:
         assert self.proc is not None
         try:
             code = self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            return "the program closed its result channel"
+            return None, None
         if code < 0:
-            return _exit_reason(-code, None)
+            return -code, None
         if code >= 128 and code - 128 in signal.valid_signals():
-            return _exit_reason(code - 128, None)
-        return _exit_reason(None, code)
+            return code - 128, None
+        return None, code
 
     def start(self, program: str, deadline: float) -> str | None:
         """Start the process and load the program; returns the load error text, or None."""
@@ -830,13 +842,13 @@ class _ForkedWorker(_Channel):
             self.status = status if isinstance(status, int) else None
         return self.status
 
-    def _death_reason(self) -> str:
+    def _death_reason(self) -> tuple[int | None, int | None]:
         status = self._end(grace_s=1.0)  # it closed its channel: most likely it is exiting
         if status is None:
-            return _exit_reason(None, None)
+            return None, None
         if os.WIFSIGNALED(status):
-            return _exit_reason(os.WTERMSIG(status), None)
-        return _exit_reason(None, os.waitstatus_to_exitcode(status))
+            return os.WTERMSIG(status), None
+        return None, os.waitstatus_to_exitcode(status)
 
     def kill(self) -> None:
         self._end(grace_s=0.0)
@@ -1036,7 +1048,9 @@ class _Runner:
                     return TestOutcome(statement.source, "failed", f"expected {_short(expected)}, got {_short(actual)}")
                 return TestOutcome(statement.source, "failed", f"{_short(left)} {symbol} {_short(right)} is false")
             exec(statement.code, namespace)
-        except _TestTimeout:
+        except _TestTimeout as err:
+            if "SIGXCPU" in str(err):
+                return TestOutcome(statement.source, "timeout", f"CPU time limit of {self.limits.cpu_time_s} s reached")
             return TestOutcome(statement.source, "timeout", f"no result within {self.limits.test_timeout_s:g} s")
         except AssertionError as err:
             return TestOutcome(statement.source, "failed", str(err)[:300] or "assertion failed")

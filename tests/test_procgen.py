@@ -220,9 +220,8 @@ def test_reference_planner_and_solver_program_get_the_maximum_on_200_eval_instan
 # ------------------------------------------------------------------------------- hostile programs
 HOSTILE = {
     "infinite loop": ("while True:\n    pass", "timeout"),
-    # Killed at its time limit; right after other hostile programs the fork server sometimes reports the
-    # kill as a crash (a race with the CPU-time limit): zero credit either way, the status is not pinned.
-    "answer, then an infinite loop": ("print(ANSWER)\nwhile True:\n    pass", ("timeout", "crashed")),
+    # Its CPU limit (SIGXCPU) and its wall-clock limit fall together: either one is a timeout.
+    "answer, then an infinite loop": ("print(ANSWER)\nwhile True:\n    pass", "timeout"),
     "1e8 characters of output": ("print('R' * 10**8)", "error"),
     "endless output": ("while True:\n    print('D' * 1000)", None),
     # The sandbox's fork server hides /etc (an error); its fallback path shows it (ok): either way, 0.
@@ -251,9 +250,7 @@ def test_hostile_tool_programs_cost_the_tool_component_never_the_env(name):
     env.step(answer)
     assert time.monotonic() - start < 1.0 + 15.0
     run = env.task.run_tool(env.problem, env.history[-1].outputs["tool"].text)  # cached: the same run
-    if isinstance(status, tuple):
-        assert run.status in status, run
-    elif status is not None:
+    if status is not None:
         assert run.status == status, run
     assert len(run.output) <= TOOL_OUTPUT_CHARS
     assert "HF_HUB_OFFLINE" not in run.output, "the program sees a scrubbed environment"

@@ -202,6 +202,20 @@ def test_infinite_loop_times_out_and_later_tests_are_not_run():
     assert result.outcomes[2].message == "skipped after 2 timed-out tests"
 
 
+def test_the_cpu_time_limit_is_a_timeout_not_a_crash():
+    # The kernel kills the program with SIGXCPU at `cpu_time_s`, here long before the wall-clock limits:
+    # at load time and inside a call. (With equal limits the two race; either way it is a timeout.)
+    limits = SandboxLimits(timeout_s=8.0, test_timeout_s=8.0, cpu_time_s=1, max_timeouts=1, max_restarts=0)
+    for program in ("while True:\n    pass\n", "def inc(x):\n    while True:\n        pass\n"):
+        start = time.monotonic()
+        result = _run(program, limits=limits)
+        assert time.monotonic() - start < 6.0, "killed by the CPU limit, not the wall clock"
+        assert result.reason == "timeout", result
+        assert result.outcomes[0].status == "timeout", result.outcomes[0]
+        assert result.outcomes[0].message == "CPU time limit of 1 s reached"
+        assert [o.status for o in result.outcomes[1:]] == ["not_run", "not_run"]
+
+
 def test_fork_bomb_is_contained():
     program = (
         "import os\ndef inc(x):\n    while True:\n        try:\n            os.fork()\n"
