@@ -5,6 +5,13 @@ batch (prompt and response lengths vary). glibc's allocator keeps much of what i
 process, and with shapes that never repeat exactly that cache grows iteration after iteration: on
 SmolLM2-135M the resting RSS of a MAGRPO run crept up ~50 MB an iteration. ``malloc_trim`` returns
 the free pages; the policy calls it before each rollout (docs/agents.md has the measurement).
+
+The opposite problem costs time: with glibc's defaults, large blocks are mapped afresh (``mmap``) and
+whatever a pass frees beyond a small threshold goes back to the OS (the heap is trimmed at twice the
+mmap threshold, itself at most 32 MB), so the next pass's activations (16 MB chunks of LM-head logits,
+layer inputs) are paid for again in page faults on first touch: on SmolLM2-135M a quarter of an
+update's forward + backward. :func:`tune_allocator` keeps such blocks in the heap for reuse, and the
+explicit :func:`release_memory` before each rollout bounds what the heap keeps.
 """
 
 from __future__ import annotations
@@ -12,21 +19,58 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 import sys
+
+ALLOCATOR_ENV = "LLM_ENVS_TUNE_MALLOC"
+"""Set to ``0`` to leave glibc's allocator settings alone (:func:`tune_allocator` then does nothing)."""
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+"""Allocations below this come from the heap and are reused (glibc's largest allowed value)."""
+TRIM_THRESHOLD_BYTES = 256 * 2**20
+"""Free memory at the top of the heap kept for reuse before glibc trims it on its own."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 
 
 @functools.lru_cache(maxsize=1)
-def _malloc_trim():  # pragma: no cover - resolved once per process
+def _libc():  # pragma: no cover - resolved once per process
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # musl and other C libraries have no malloc_trim
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
+    except (OSError, AttributeError):  # musl and other C libraries have neither call
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim
+    return libc
+
+
+def _malloc_trim():
+    libc = _libc()
+    return None if libc is None else libc.malloc_trim
+
+
+@functools.lru_cache(maxsize=1)
+def tune_allocator() -> bool:
+    """Keep large freed blocks (up to :data:`MMAP_THRESHOLD_BYTES`) in glibc's heap for reuse instead of
+    unmapping them, once per process: :class:`~agents.policy.MultiAgentPolicy` calls it. Returns
+    whether the settings were applied (``False`` off glibc, or with ``LLM_ENVS_TUNE_MALLOC=0``).
+
+    Measured on SmolLM2-135M in bfloat16 (2 threads), one agent's forward + backward over 4 x 90
+    tokens: 0.77 s with glibc's defaults, 0.59 s tuned. The same settings as the environment
+    variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_``; the process's own settings
+    from those variables are left as they are."""
+    if os.environ.get(ALLOCATOR_ENV, "1") == "0":
+        return False
+    if any(f"MALLOC_{name}_" in os.environ for name in ("MMAP_THRESHOLD", "TRIM_THRESHOLD")):
+        return False  # the user tuned glibc already
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    )
 
 
 def release_memory() -> bool:

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from agents.memory import release_memory
+from agents.memory import release_memory, tune_allocator
 from agents.models import load_model
 from llm_envs.tokenizers import load_tokenizer
 
@@ -243,6 +243,7 @@ class MultiAgentPolicy:
         gradient_checkpointing: bool = True,
     ) -> None:
         self.agents: tuple[str, ...] = _check_agent_names(agents)
+        tune_allocator()  # large activations reused, not page-faulted in again (agents/memory.py)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if lora is not None and not isinstance(lora, LoraSettings):

@@ -6,6 +6,9 @@ each path in its own process (so each peak RSS is its own), on the embedded Smol
   MAGRPO also ``--micro-batch-tokens 0``).
 - ``after``: today's defaults.
 
+The ``before`` child also runs with ``LLM_ENVS_TUNE_MALLOC=0``: glibc's default allocator settings, as
+before agents/memory.py's :func:`tune_allocator`.
+
 Shapes: MAGRPO, 2 agents (writing/xsum-v0), 1 problem x G=4, 48 new tokens, temperature 0.7 / top-p
 0.9, chat prompts of about 40 tokens, evaluation off. PPO (sentiment/imdb-v0) and CORY
 (sentiment/imdb-cory-v0) with bench/cory_vs_ppo.py's settings: 16 episodes, 4 PPO epochs on one
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -67,7 +71,9 @@ def run(learner: str, path: str, iterations: int, out: Path) -> dict:
     extra = BEFORE[learner] if path == "before" else []
     args = [*SHAPES[learner], *COMMON, "--num-iterations", str(iterations), "--output-dir", str(out),
             "--run-name", f"{learner}-{path}", *extra]
-    proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=ROOT, capture_output=True, text=True)
+    env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": "0"} if path == "before" else None
+    proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=ROOT, capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"{learner} {path} run failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -82,6 +88,8 @@ def main() -> None:
     parser.add_argument("--learners", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--paths", nargs="+", choices=["before", "after"], default=["before", "after"],
+                        help="run only some paths (the speedup needs both)")
     args = parser.parse_args()
     import torch
 
@@ -89,7 +97,7 @@ def main() -> None:
                                  "threads": torch.get_num_threads()}
     with tempfile.TemporaryDirectory() as tmp:
         for learner in args.learners:
-            runs: dict[str, list[dict]] = {"before": [], "after": []}
+            runs: dict[str, list[dict]] = {path: [] for path in args.paths}
             for _ in range(args.rounds):
                 for path in runs:
                     runs[path].append(run(learner, path, args.iterations, Path(tmp)))
@@ -100,7 +108,10 @@ def main() -> None:
                     "rollout_fraction": median_of(records, "rollout_fraction"),
                     "peak_rss_mb": round(max(r["peak_rss_mb"] for r in records)),
                 }
-            summary["speedup"] = round(summary["before"]["s_per_iteration"] / summary["after"]["s_per_iteration"], 2)
+            if len(runs) == 2:
+                summary["speedup"] = round(
+                    summary["before"]["s_per_iteration"] / summary["after"]["s_per_iteration"], 2
+                )
             result[learner] = summary
             print(json.dumps({learner: summary}), file=sys.stderr, flush=True)
     print(json.dumps(result))

@@ -18,6 +18,8 @@ from agents import LoraSettings, MultiAgentPolicy
 from agents import decoder as decoder_module
 from llm_envs.tokenizers import load_tokenizer
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 AGENTS = ("helper", "main")
 
 
@@ -292,6 +294,43 @@ def test_release_memory_runs():
 
         if platform.libc_ver()[0] == "glibc":
             assert release_memory() is True
+
+
+FAULTS_PROBE = """
+import json, os, resource, sys
+import torch
+from agents.memory import tune_allocator
+applied = tune_allocator()
+def touch():  # a pass's activations: four 16 MB blocks written, then freed
+    blocks = [torch.empty(4 * 2**20, dtype=torch.float32).fill_(1.0) for _ in range(4)]
+    del blocks
+touch()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    touch()
+print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+
+
+def test_tuned_allocator_reuses_large_blocks_instead_of_faulting_them_in_again():
+    import json
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("tune_allocator acts on glibc's malloc only")
+    runs = {}
+    for setting in ("1", "0"):
+        env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": setting, "PYTHONPATH": str(ROOT)}
+        env.pop("MALLOC_MMAP_THRESHOLD_", None)
+        env.pop("MALLOC_TRIM_THRESHOLD_", None)
+        out = subprocess.run([sys.executable, "-c", FAULTS_PROBE], env=env, capture_output=True, text=True, check=True)
+        runs[setting] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["1"]["applied"] is True and runs["0"]["applied"] is False
+    pages = 10 * 64 * 2**20 // os.sysconf("SC_PAGE_SIZE")
+    assert runs["0"]["faults"] > pages // 2, runs  # glibc's default: the freed blocks go back to the OS
+    assert runs["1"]["faults"] < pages // 20, runs  # tuned: the freed block is reused
 
 
 def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
