@@ -216,6 +216,7 @@ def main(config: Config) -> dict[str, Any]:
     policy = MultiAgentPolicy.from_pretrained(
         [*agents, CRITIC], config.model, dtype=config.dtype, device=device, value_head=True,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
+        gradient_checkpointing=config.gradient_checkpointing,
     )
     venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens,
                      stop_token_ids=list(policy.eos_token_ids), **env_kwargs)

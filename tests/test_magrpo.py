@@ -239,6 +239,33 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path, aggr
         assert result_micro[key] == pytest.approx(result_full[key], rel=1e-4, abs=1e-6), key
 
 
+def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_update(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from agents import decoder
+
+    seen = []
+    real = decoder.FusedDecoder.hidden_states
+
+    def spy(self, *args, checkpoint=False, **kwargs):
+        if torch.is_grad_enabled():
+            seen.append(checkpoint)
+        return real(self, *args, checkpoint=checkpoint, **kwargs)
+
+    monkeypatch.setattr(decoder.FusedDecoder, "hidden_states", spy)
+    common = dict(num_iterations=1, num_eval_problems=0, learning_rate=1e-3)
+    states = {}
+    for flag in (True, False):
+        seen.clear()
+        config = tiny_config(tiny_model_dir, tmp_path, run_name=f"ckpt-{flag}", gradient_checkpointing=flag, **common)
+        magrpo.main(config)
+        assert seen and set(seen) == {flag}, seen  # every gradient pass went through the fused forward
+        states[flag] = adapter_state(config.run_dir())
+    for agent in states[True]:
+        for key, value in states[True][agent].items():
+            torch.testing.assert_close(states[False][agent][key], value, rtol=1e-5, atol=1e-7)
+
+
 def test_keyboard_interrupt_saves_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
     calls = {"n": 0}
     real = magrpo.update_agent
