@@ -599,20 +599,15 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 class _WorkerGone(Exception):
     """The program's process died, hung or broke the protocol; ``kind`` is "timeout" or "crashed"."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, outcome: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
+        self.outcome = outcome
+        """For a timeout that is not the wall clock's: what the test's outcome says instead."""
 
 
 class ProgramError(Exception):
     """The program raised an exception inside a call made by a test."""
-
-
-def _death_kind(signal_number: int | None) -> str:
-    """SIGXCPU is the kernel enforcing ``cpu_time_s``: the program ran out of time, it did not crash.
-    (A CPU-bound program reaches its CPU limit and its wall-clock deadline together; whichever the
-    caller sees first, the run is a timeout.)"""
-    return "timeout" if signal_number == signal.SIGXCPU else "crashed"
 
 
 def _exit_reason(signal_number: int | None, code: int | None) -> str:
@@ -642,7 +637,13 @@ class _Channel:
 
     def _gone(self) -> _WorkerGone:
         signal_number, code = self._death_reason()
-        return _WorkerGone(_death_kind(signal_number), _exit_reason(signal_number, code))
+        if signal_number == signal.SIGXCPU:
+            # The kernel enforcing ``cpu_time_s``: the program ran out of time, it did not crash. (A
+            # CPU-bound program reaches its CPU limit and its wall-clock deadline together; whichever
+            # the caller sees first, the run is a timeout.)
+            return _WorkerGone("timeout", _exit_reason(signal_number, code),
+                               outcome=f"CPU time limit of {self.limits.cpu_time_s} s reached")
+        return _WorkerGone("crashed", _exit_reason(signal_number, code))
 
     def _read_frame(self, deadline: float, kind: str = "timeout") -> dict:
         while True:
@@ -951,7 +952,10 @@ def _short(value: Any, limit: int = 200) -> str:
 
 
 class _TestTimeout(Exception):
-    pass
+    def __init__(self, message: str, outcome: str | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        """What the test's outcome says, when not "no result within ``test_timeout_s``"."""
 
 
 
@@ -972,7 +976,7 @@ class _Runner:
         self.worker: _Worker | _ForkedWorker | None = None
         self.restarts = 0
         self.load_error: str | None = None
-        self.load_timeout: str | None = None
+        self.load_timeout: _TestTimeout | None = None
         self.deadline = 0.0
         self.test_deadline = 0.0
         self.crashed = False
@@ -990,7 +994,7 @@ class _Runner:
             self.worker.kill()
             self.worker = None
             if gone.kind == "timeout":
-                raise _TestTimeout(str(gone)) from None
+                raise _TestTimeout(str(gone), gone.outcome) from None
             self.crashed = True
             raise ProgramError(str(gone)) from None
 
@@ -1013,7 +1017,7 @@ class _Runner:
             raise ProgramError(f"the program failed to load: {self.load_error}")
         if self.load_timeout is not None:
             # Its top level ran out of time once: it would again, and a retry is no restart to count.
-            raise _TestTimeout(self.load_timeout)
+            raise _TestTimeout(str(self.load_timeout), self.load_timeout.outcome)
         if self.restarts > self.limits.max_restarts:
             raise ProgramError("the program's process died too often")
         self.restarts += 1
@@ -1025,8 +1029,8 @@ class _Runner:
                 self.worker.kill()
                 self.worker = None
             if gone.kind == "timeout":
-                self.load_timeout = f"loading the program: {gone}"
-                raise _TestTimeout(self.load_timeout) from None
+                self.load_timeout = _TestTimeout(f"loading the program: {gone}", gone.outcome)
+                raise self.load_timeout from None
             self.crashed = True
             raise ProgramError(f"loading the program: {gone}") from None
         if error is not None:
@@ -1049,9 +1053,8 @@ class _Runner:
                 return TestOutcome(statement.source, "failed", f"{_short(left)} {symbol} {_short(right)} is false")
             exec(statement.code, namespace)
         except _TestTimeout as err:
-            if "SIGXCPU" in str(err):
-                return TestOutcome(statement.source, "timeout", f"CPU time limit of {self.limits.cpu_time_s} s reached")
-            return TestOutcome(statement.source, "timeout", f"no result within {self.limits.test_timeout_s:g} s")
+            return TestOutcome(statement.source, "timeout",
+                               err.outcome or f"no result within {self.limits.test_timeout_s:g} s")
         except AssertionError as err:
             return TestOutcome(statement.source, "failed", str(err)[:300] or "assertion failed")
         except ProgramError as err:
