@@ -280,6 +280,33 @@ class FusedDecoder:
         cos, sin = rotary(probe, positions)
         return cos.to(dtype).unsqueeze(2), sin.to(dtype).unsqueeze(2)
 
+    def _qkv(
+        self, layer: Any, w: dict[str, _Projection], lora: dict[str, LoraStack | None], hidden: torch.Tensor,
+        cos: torch.Tensor, sin: torch.Tensor, blocks: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's attention inputs for ``hidden`` (N, S, H): q (N, h, S, hd), k and v (N, kvh, S, hd),
+        RoPE applied to q and k at once (``rotate_half`` as in transformers)."""
+        n, s, _ = hidden.shape
+        h, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        half = hd // 2
+        x = self._norm(hidden, layer.input_layernorm.weight)
+        qkv = self._project(x, w["qkv"], lora["qkv"], blocks).view(n, s, h + 2 * kvh, hd)
+        qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
+        rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+        qk = qk * cos + rotated * sin
+        return qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2), v.transpose(1, 2)
+
+    def _mlp(self, layer: Any, w: dict[str, _Projection], lora: dict[str, LoraStack | None], hidden: torch.Tensor,
+             attn: torch.Tensor, blocks: list[int]) -> torch.Tensor:
+        """The rest of a layer: the attention's output ``attn`` (N, h, S, hd) through o_proj into the
+        residual stream, then the gated MLP."""
+        n, s, _ = hidden.shape
+        attn = attn.transpose(1, 2).reshape(n, s, self.num_heads * self.head_dim)
+        hidden = hidden + self._project(attn, w["o"], lora["o"], blocks)
+        x = self._norm(hidden, layer.post_attention_layernorm.weight)
+        gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
+        return hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
+
     def _layers(
         self,
         hidden: torch.Tensor,
@@ -294,25 +321,10 @@ class FusedDecoder:
         """Run every decoder layer on ``hidden`` (N, S, H); ``attend`` does the attention proper (with a
         KV cache when decoding). ``checkpoint``: under grad mode, recompute each layer in the backward
         instead of keeping its activations."""
-        n, s, _ = hidden.shape
-        h, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        half = hd // 2
-
         def run(index: int, layer: Any, w: dict[str, _Projection], lora: dict[str, LoraStack | None],
                 hidden: torch.Tensor) -> torch.Tensor:
-            x = self._norm(hidden, layer.input_layernorm.weight)
-            qkv = self._project(x, w["qkv"], lora["qkv"], blocks).view(n, s, h + 2 * kvh, hd)
-            qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
-            # RoPE on q and k at once (rotate_half as in transformers).
-            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + rotated * sin
-            q = qk[:, :, :h].transpose(1, 2)  # (N, h, S, hd)
-            attn = attend(index, q, qk[:, :, h:].transpose(1, 2), v.transpose(1, 2))
-            attn = attn.transpose(1, 2).reshape(n, s, h * hd)
-            hidden = hidden + self._project(attn, w["o"], lora["o"], blocks)
-            x = self._norm(hidden, layer.post_attention_layernorm.weight)
-            gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
-            return hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
+            q, k, v = self._qkv(layer, w, lora, hidden, cos, sin, blocks)
+            return self._mlp(layer, w, lora, hidden, attend(index, q, k, v), blocks)
 
         for index, (layer, w, lora) in enumerate(zip(self.causal_lm.model.layers, weights, loras)):
             if checkpoint and torch.is_grad_enabled():
@@ -363,6 +375,104 @@ class FusedDecoder:
         hidden = self.causal_lm.model.embed_tokens(ids)
         hidden = self._layers(hidden, cos, sin, attend, weights, loras, [b.rows for b in blocks], checkpoint)
         return self.causal_lm.model.norm(hidden[:, keep])
+
+    def hidden_states_shared(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        prompt_blocks: Sequence[Block],
+        index: torch.Tensor,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        blocks: Sequence[Block],
+        *,
+        checkpoint: bool = False,
+    ) -> torch.Tensor:
+        """:meth:`hidden_states` of rows that share prompts, each prompt computed once: (N, R, H), the final
+        hidden states at the last prompt position and the response positions ``0 .. R-2`` of each row
+        (those that predict its response tokens ``0 .. R-1``).
+
+        Equal to :meth:`hidden_states` over the rows ``[prompt_ids[index], ids]`` with ``keep`` those
+        positions (tested), for ``U * P + N * R`` positions instead of ``N * (P + R)``: the G samples of
+        one problem read one prompt's keys and values. Gradients reach the adapters through the prompt's
+        positions too (summed over the rows that read them), as in the unshared pass.
+
+        Args:
+            prompt_ids, prompt_mask: (U, P) the distinct prompts, left-padded; in blocks ``prompt_blocks``.
+            index: (N,) the prompt row of each response row (a row of block ``b`` reads a prompt of
+                prompt block ``b``: the same adapter).
+            ids, mask: (N, R) the responses, right-padded; rows grouped by adapter as ``blocks`` says.
+        """
+        if len(prompt_blocks) != len(blocks) or any(
+            p.adapter != b.adapter for p, b in zip(prompt_blocks, blocks)
+        ):
+            raise ValueError("prompt blocks and row blocks must name the same adapters in the same order")
+        if sum(b.rows for b in blocks) != len(ids) or sum(b.rows for b in prompt_blocks) != len(prompt_ids):
+            raise ValueError("blocks must cover the rows and prompt blocks the prompts")
+        if self.trainable_base:
+            raise ValueError("hidden_states_shared needs a frozen base (the fused weights are not the model's)")
+        weights = self._weights()
+        dtype = self.causal_lm.get_input_embeddings().weight.dtype
+        u, width = prompt_ids.shape
+        n, length = ids.shape
+        split = u * width
+        device = ids.device
+        # Every projection runs once over all positions, prompts' then responses' (U * P + N * R, 1, H):
+        # at these sizes a matmul costs what reading its weight costs, so two smaller ones would cost
+        # twice. Only attention sees the rows.
+        flat: list[Block] = []
+        for block in [*(Block(b.adapter, b.rows * width) for b in prompt_blocks),
+                      *(Block(b.adapter, b.rows * length) for b in blocks)]:
+            if flat and flat[-1].adapter == block.adapter:
+                flat[-1] = Block(block.adapter, flat[-1].rows + block.rows)
+            else:
+                flat.append(block)
+        loras = [{k: self._lora(p, flat, dtype) for k, p in w.items()} for w in weights]
+        rows = [b.rows for b in flat]
+        # Positions follow the masks, the responses' continuing from their prompt's length.
+        positions = torch.cat([
+            (prompt_mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
+            (prompt_mask.sum(-1)[index, None] + mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
+        ])
+        cos, sin = self._rope(positions[:, None], dtype)
+        # As in hidden_states (pad queries attend to themselves): a prompt sees its own earlier tokens; a
+        # response position its prompt's tokens, then its own earlier tokens.
+        eye_p = torch.eye(width, dtype=torch.bool, device=device)
+        allowed_p = (torch.ones_like(eye_p).tril() & prompt_mask.bool()[:, None, :]) | eye_p
+        eye_r = torch.eye(length, dtype=torch.bool, device=device)
+        own = (torch.ones_like(eye_r).tril() & mask.bool()[:, None, :]) | eye_r
+        allowed_r = torch.cat([prompt_mask.bool()[index, None, :].expand(-1, length, -1), own], dim=-1)
+        attend_p = self._attention(allowed_p[:, None], dtype, width)
+        attend_r = self._attention(allowed_r[:, None], dtype, width + length)
+        h, hd = self.num_heads, self.head_dim
+
+        def rows_of(x: torch.Tensor, count: int, size: int) -> torch.Tensor:
+            """(T, heads, 1, hd) positions -> (count, heads, size, hd) rows."""
+            return x.reshape(count, size, x.shape[1], hd).transpose(1, 2)
+
+        def run(i: int, layer: Any, w: dict[str, _Projection], lora: dict[str, LoraStack | None],
+                hidden: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, w, lora, hidden, cos, sin, rows)  # (T, heads, 1, hd)
+            k_p, v_p = rows_of(k[:split], u, width), rows_of(v[:split], u, width)
+            attn_p = attend_p(i, rows_of(q[:split], u, width), k_p, v_p)
+            k_r = torch.cat([k_p.index_select(0, index), rows_of(k[split:], n, length)], dim=2)
+            v_r = torch.cat([v_p.index_select(0, index), rows_of(v[split:], n, length)], dim=2)
+            attn_r = attend_r(i, rows_of(q[split:], n, length), k_r, v_r)
+            attn = torch.cat([attn_p.transpose(1, 2).reshape(split, h, 1, hd),
+                              attn_r.transpose(1, 2).reshape(n * length, h, 1, hd)])
+            return self._mlp(layer, w, lora, hidden, attn, rows)
+
+        embed = self.causal_lm.model.embed_tokens
+        hidden = embed(torch.cat([prompt_ids.reshape(-1), ids.reshape(-1)]))[:, None]  # (T, 1, H)
+        for i, (layer, w, lora) in enumerate(zip(self.causal_lm.model.layers, weights, loras)):
+            if checkpoint and torch.is_grad_enabled():
+                hidden = torch.utils.checkpoint.checkpoint(run, i, layer, w, lora, hidden, use_reentrant=False)
+            else:
+                hidden = run(i, layer, w, lora, hidden)
+        hidden_p = hidden[:split].view(u, width, -1)
+        hidden_r = hidden[split:].view(n, length, -1)
+        last = hidden_p[:, -1:].index_select(0, index)  # the last prompt position predicts response token 0
+        return self.causal_lm.model.norm(torch.cat([last, hidden_r[:, :-1]], dim=1))
 
     def _attention(self, allowed: torch.Tensor, dtype: torch.dtype, length: int) -> Attend:
         """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees."""

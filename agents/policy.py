@@ -315,6 +315,9 @@ class MultiAgentPolicy:
         self.gradient_checkpointing = bool(gradient_checkpointing)
         """Gradient passes of the fused forward recompute each layer in the backward instead of keeping
         its activations (docs/agents.md: about 1/10 of the update's memory for ~20% more update time)."""
+        self.share_prompts = True
+        """Passes of the fused forward compute a prompt that several rows repeat once (MAGRPO's G samples
+        of a problem); ``False`` computes every row whole (the same numbers, up to rounding)."""
         from agents.engine import RolloutEngine, engine_support
 
         self.engine: RolloutEngine | None = None
@@ -512,17 +515,32 @@ class MultiAgentPolicy:
             from agents.decoder import Block, bucket_length, chosen_logprobs, pad_left
 
             rows = len(input_ids)
-            bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
-            keep = keep + (bucket - input_ids.shape[1])
-            input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, self.pad_token_id)
-            blocks = [Block(adapter, rows)]
-            if with_reference:
-                blocks.append(Block(None, rows))
-                input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
+            adapters = [adapter, None] if with_reference else [adapter]
+            blocks = [Block(a, rows) for a in adapters]
             assert self.engine is not None
-            hidden = self.engine.hidden_states(  # (B or 2B, T, H)
-                input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing
-            )
+            distinct, index = _distinct_rows(p_ids, p_mask) if self.share_prompts else (None, None)
+            if distinct is not None and index is not None:  # the G samples of a problem: its prompt once
+                u = len(distinct)
+                bucket = bucket_length(width)
+                prompt_ids, prompt_mask = pad_left(p_ids[distinct], p_mask[distinct], bucket, self.pad_token_id)
+                extra = bucket_length(length) - length  # right pads: masked, cut off below
+                ids = torch.nn.functional.pad(r_ids, (0, extra), value=self.pad_token_id)
+                mask = torch.nn.functional.pad(r_mask, (0, extra), value=0)
+                n = len(adapters)
+                hidden = self.engine.hidden_states_shared(  # (B or 2B, T, H)
+                    prompt_ids.repeat(n, 1), prompt_mask.repeat(n, 1), [Block(a, u) for a in adapters],
+                    torch.cat([index + k * u for k in range(n)]), ids.repeat(n, 1), mask.repeat(n, 1), blocks,
+                    checkpoint=self.gradient_checkpointing,
+                )[:, :length]
+            else:
+                bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
+                keep = keep + (bucket - input_ids.shape[1])
+                input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, self.pad_token_id)
+                if with_reference:
+                    input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
+                hidden = self.engine.hidden_states(  # (B or 2B, T, H)
+                    input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing
+                )
             head = self._causal_lm.lm_head
             targets = r_ids.repeat(len(blocks), 1)
             if head.bias is None:
@@ -1367,6 +1385,28 @@ def _check_state(path: Path, state: Mapping[str, torch.Tensor], expected: Mappin
             f"checkpoint file {path} does not fit this policy: missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}, wrong shapes {wrong[:5]}"
         )
+
+
+def _distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(first, index)`` for rows that repeat: ``first`` (U,) the first row of each distinct (ids, mask)
+    row in order of appearance and ``index`` (N,) each row's position in ``first``; ``(None, None)``
+    when every row is distinct.
+
+    >>> _distinct_rows(torch.tensor([[1, 2], [3, 4], [1, 2]]), torch.ones(3, 2, dtype=torch.long))
+    (tensor([0, 1]), tensor([0, 1, 0]))
+    """
+    if len(ids) < 2:
+        return None, None
+    _, inverse = torch.unique(torch.cat([ids, mask.to(ids.dtype)], dim=1), dim=0, return_inverse=True)
+    if int(inverse.max()) + 1 == len(ids):
+        return None, None
+    first_of: dict[int, int] = {}
+    for row, key in enumerate(inverse.tolist()):
+        first_of.setdefault(key, row)
+    order = {key: i for i, key in enumerate(first_of)}  # distinct rows in order of appearance
+    first = torch.tensor(list(first_of.values()), device=ids.device)
+    index = torch.tensor([order[key] for key in inverse.tolist()], device=ids.device)
+    return first, index
 
 
 def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

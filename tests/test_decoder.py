@@ -135,6 +135,82 @@ def test_reference_and_one_pass_score_equal_separate_calls(tokenizer):
     assert only[1] is None and only[2] is None
 
 
+def grouped(tokenizer, groups: int = 3, samples: int = 3, response: int = 7):
+    """MAGRPO's layout: each of ``groups`` prompts (different lengths) repeated for ``samples`` rows,
+    interleaved with a repeat out of order, every response its own (one ends early, one is all pads)."""
+    p_ids, p_mask, _, _ = episode(tokenizer, n=groups)
+    order = torch.tensor([0, 1, 2, 0, 0, 2, 1, 2, 1][: groups * samples]) % groups
+    g = torch.Generator().manual_seed(3)
+    n = len(order)
+    r_ids = torch.randint(5, 1000, (n, response), generator=g)
+    r_mask = torch.ones(n, response, dtype=torch.long)
+    r_mask[1, response - 3 :] = 0
+    r_mask[4, 1:] = 0
+    r_ids[r_mask == 0] = tokenizer.pad_token_id
+    return p_ids[order], p_mask[order], r_ids, r_mask
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_shared_prompts_give_the_whole_rows_scores_and_gradients(tokenizer, checkpoint, monkeypatch):
+    policy = make_policy(tokenizer, gradient_checkpointing=checkpoint)
+    batch = grouped(tokenizer)
+    passes = []
+    real = policy.engine.hidden_states_shared
+
+    def spy(*args, **kwargs):
+        passes.append(len(args[0]))  # the prompt rows computed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(policy.engine, "hidden_states_shared", spy)
+    for agent in AGENTS:
+        shared = loss_and_grads(policy, agent, batch)
+        policy.share_prompts = False
+        whole = loss_and_grads(policy, agent, batch)
+        policy.share_prompts = True
+        for a, b in zip(shared[:2], whole[:2]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert_grads_close(shared[2], whole[2])
+        assert (shared[0][batch[3] == 0] == 0).all()
+    assert passes == [3, 3]  # 3 distinct prompts for 9 rows
+    # The one-pass score (policy and reference row blocks) and a temperature, shared too.
+    with torch.no_grad():
+        shared = policy.score("main", *batch, with_values=True, with_reference=True, temperature=0.7)
+        policy.share_prompts = False
+        whole = policy.score("main", *batch, with_values=True, with_reference=True, temperature=0.7)
+        policy.share_prompts = True
+    assert passes[-1] == 6  # the 3 prompts once per row block
+    for a, b in zip(shared, whole):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompts_through_the_fused_attention_kernel(tokenizer, monkeypatch):
+    policy = make_policy(tokenizer)
+    batch = grouped(tokenizer)
+    policy.share_prompts = False
+    whole = loss_and_grads(policy, "helper", batch)
+    policy.share_prompts = True
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH", 4)
+    shared = loss_and_grads(policy, "helper", batch)
+    for a, b in zip(shared[:2], whole[:2]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert_grads_close(shared[2], whole[2])
+
+
+def test_distinct_rows():
+    from agents.policy import _distinct_rows
+
+    ids = torch.tensor([[0, 7], [5, 6], [0, 7], [5, 6]])
+    mask = torch.tensor([[0, 1], [1, 1], [0, 1], [1, 1]])
+    first, index = _distinct_rows(ids, mask)
+    assert first.tolist() == [0, 1] and index.tolist() == [0, 1, 0, 1]
+    other_mask = mask.clone()
+    other_mask[2, 0] = 1  # the same ids under another mask are another prompt
+    first, index = _distinct_rows(ids, other_mask)
+    assert first.tolist() == [0, 1, 2] and index.tolist() == [0, 1, 2, 1]
+    assert _distinct_rows(ids[:2], mask[:2]) == (None, None)
+    assert _distinct_rows(ids[:1], mask[:1]) == (None, None)
+
+
 def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):
     policy = make_policy(tokenizer)
     batch = episode(tokenizer, response=9)

@@ -245,21 +245,27 @@ def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_
     from agents import decoder
 
     seen = []
-    real = decoder.FusedDecoder.hidden_states
 
-    def spy(self, *args, checkpoint=False, **kwargs):
-        if torch.is_grad_enabled():
-            seen.append(checkpoint)
-        return real(self, *args, checkpoint=checkpoint, **kwargs)
+    def spying(name):
+        real = getattr(decoder.FusedDecoder, name)
 
-    monkeypatch.setattr(decoder.FusedDecoder, "hidden_states", spy)
+        def spy(self, *args, checkpoint=False, **kwargs):
+            if torch.is_grad_enabled():
+                seen.append((name, checkpoint))
+            return real(self, *args, checkpoint=checkpoint, **kwargs)
+
+        monkeypatch.setattr(decoder.FusedDecoder, name, spy)
+
+    spying("hidden_states")
+    spying("hidden_states_shared")  # the G samples of a problem share its prompt
     common = dict(num_iterations=1, num_eval_problems=0, learning_rate=1e-3)
     states = {}
     for flag in (True, False):
         seen.clear()
         config = tiny_config(tiny_model_dir, tmp_path, run_name=f"ckpt-{flag}", gradient_checkpointing=flag, **common)
         magrpo.main(config)
-        assert seen and set(seen) == {flag}, seen  # every gradient pass went through the fused forward
+        assert seen and {c for _, c in seen} == {flag}, seen  # every gradient pass went through the fused forward
+        assert ("hidden_states_shared", flag) in seen
         states[flag] = adapter_state(config.run_dir())
     for agent in states[True]:
         for key, value in states[True][agent].items():
