@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from agents.memory import release_memory
 from baselines import distributed, evaluation
 from baselines.checkpoints import TrainerState, check_run_dir, interrupted, resume_checkpoint, save_checkpoint
 from baselines.metrics import METRICS_FILE, MetricLogger
@@ -268,6 +269,9 @@ class Run:
         result.update(self.final_eval)
         result.update({f"eval_before/{k.split('/', 1)[1]}": v for k, v in self.extra.get("eval_before", {}).items()})
         if self.main:
+            # The last update's freed working set goes back to the OS first: drawing the curves
+            # (matplotlib) would otherwise be the run's peak.
+            release_memory()
             try:
                 result["plot"] = str(plot_metrics(self.run_dir / METRICS_FILE))
             except ValueError:
