@@ -227,6 +227,9 @@ class MultiAgentPolicy:
             ``"generate"``, through the model's own forward.
         gradient_checkpointing: in the fused forward's gradient passes, recompute each layer in the
             backward instead of keeping its activations (less memory, ~20% more update time).
+        share_prompts: in the fused forward, compute a prompt that several rows of a pass repeat once
+            (MAGRPO's G samples of a problem; docs/agents.md). ``False`` computes every row whole: the
+            same numbers up to rounding, and the same rounding whatever else is in the pass.
     """
 
     def __init__(
@@ -241,6 +244,7 @@ class MultiAgentPolicy:
         mixed_batches: bool = True,
         backend: str = "auto",
         gradient_checkpointing: bool = True,
+        share_prompts: bool = True,
     ) -> None:
         self.agents: tuple[str, ...] = _check_agent_names(agents)
         tune_allocator()  # large activations reused, not page-faulted in again (agents/memory.py)
@@ -315,7 +319,7 @@ class MultiAgentPolicy:
         self.gradient_checkpointing = bool(gradient_checkpointing)
         """Gradient passes of the fused forward recompute each layer in the backward instead of keeping
         its activations (docs/agents.md: about 1/10 of the update's memory for ~20% more update time)."""
-        self.share_prompts = True
+        self.share_prompts = bool(share_prompts)
         """Passes of the fused forward compute a prompt that several rows repeat once (MAGRPO's G samples
         of a problem); ``False`` computes every row whole (the same numbers, up to rounding)."""
         from agents.engine import RolloutEngine, engine_support

@@ -146,6 +146,12 @@ class CoreConfig:
     """Recompute each decoder layer in the backward instead of keeping its activations (the fused
     forward, agents/decoder.py): ~0.1 instead of ~0.9 MB a token for SmolLM2-135M in bf16, for ~1/3 more
     update time. ``--no-gradient-checkpointing`` trades the memory for speed (docs/agents.md)."""
+    share_prompts: bool = True
+    """Compute a prompt that several rows of a pass repeat (MAGRPO's G samples of a problem) once in the
+    fused forward's scoring and training passes (docs/agents.md). ``--no-share-prompts`` computes every
+    row whole: the same update up to rounding, with rounding that does not depend on how rows are batched
+    (runs on 1 and on N processes then agree to float32 rounding; with shared prompts they agree to it
+    only until a rounding difference changes a sampled token)."""
 
     def __post_init__(self) -> None:
         check_ints(self, {"num_turns": 1, "num_iterations": 1, "max_new_tokens": 1, "lora_rank": 1,

@@ -217,6 +217,7 @@ def main(config: Config) -> dict[str, Any]:
         [*agents, CRITIC], config.model, dtype=config.dtype, device=device, value_head=True,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
+        share_prompts=config.share_prompts,
     )
     venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens,
                      stop_token_ids=list(policy.eos_token_ids), **env_kwargs)

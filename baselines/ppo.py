@@ -380,6 +380,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
         backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
+        share_prompts=config.share_prompts,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
     venv = make_vec(config.env, len(positions), max_new_tokens=config.max_new_tokens,

@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
+import tyro
 
 from baselines import magrpo
 from baselines.checkpoints import CheckpointError, find_checkpoint
@@ -270,6 +271,25 @@ def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_
     for agent in states[True]:
         for key, value in states[True][agent].items():
             torch.testing.assert_close(states[False][agent][key], value, rtol=1e-5, atol=1e-7)
+
+
+def test_no_share_prompts_computes_every_row_whole(tiny_model_dir, tmp_path, monkeypatch):
+    from agents import decoder
+
+    calls = []
+    real = decoder.FusedDecoder.hidden_states_shared
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(decoder.FusedDecoder, "hidden_states_shared", spy)
+    config = tiny_config(tiny_model_dir, tmp_path, num_iterations=1, num_eval_problems=0, share_prompts=False)
+    assert tyro.cli(Config, args=["--no-share-prompts"]).share_prompts is False
+    magrpo.main(config)
+    assert not calls
+    magrpo.main(dataclasses.replace(config, share_prompts=True, run_name="shared"))
+    assert calls
 
 
 def test_keyboard_interrupt_saves_checkpoint(tiny_model_dir, tmp_path, monkeypatch):
