@@ -75,7 +75,8 @@ def run(learner: str, path: str, iterations: int, out: Path) -> dict:
     proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=ROOT, capture_output=True, text=True,
                           env=env)
     if proc.returncode != 0:
-        raise RuntimeError(f"{learner} {path} run failed:\n{proc.stderr[-3000:]}")
+        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        raise RuntimeError(f"{learner} {path} run failed ({how}):\n{proc.stderr[-3000:]}\n{proc.stdout[-1000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
