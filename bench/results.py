@@ -12,7 +12,8 @@ Two comparisons, each a fixed list of methods with hyper-parameters chosen befor
 Every method x seed is one **record**: ``<out>/<comparison>/<method>__s<seed>.json`` with the command,
 the flags, the per-iteration curve, the evaluation before and after, and the wall time, written as
 soon as that run finishes. A re-run skips the records that exist, so the page can be completed over
-several sittings. The learners run through their command line (``llm-envs train ...`` /
+several sittings. A record being run is marked (``<record>.running``, the pid), so sittings run in
+parallel split the missing records between them instead of starting one twice. The learners run through their command line (``llm-envs train ...`` /
 ``llm-envs eval ...``, in this process), each in its own run directory under ``--runs-dir``.
 
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
@@ -37,7 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,26 +329,83 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
             if path.is_file():
                 skipped.append(path.name)
                 continue
-            argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
-            run_dir = None if m.learner == "eval" else runs_dir / f"{comparison}__{m.name}__s{seed}"
-            if run_dir is not None and run_dir.exists():
-                shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
-            load_start = os.getloadavg()[0]
-            t0, c0 = time.perf_counter(), time.process_time()
-            status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            if status != 0:
-                failed.append({"record": path.name, "status": status})
-                continue
-            record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
-                                 (load_start, os.getloadavg()[0]), cpu)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-            done.append({"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")})
-            print(json.dumps(done[-1]), flush=True)
+            with claimed(path) as mine:
+                if not mine:  # another sitting runs it now: leave its run directory alone
+                    skipped.append(f"{path.name} (running in process {running_pid(path)})")
+                    continue
+                outcome = _run_record(comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
+                                      threads=threads)
+            if "status" in outcome:
+                failed.append(outcome)
+            else:
+                done.append(outcome)
+                print(json.dumps(outcome), flush=True)
     return {"comparison": comparison, "done": done, "skipped": skipped, "failed": failed}
+
+
+def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: bool, runs_dir: Path,
+                model: str | None, threads: int | None) -> dict[str, Any]:
+    """Run one record's command and write the record; ``{"record", "status"}`` if the run failed."""
+    argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
+    run_dir = None if m.learner == "eval" else runs_dir / f"{comparison}__{m.name}__s{seed}"
+    if run_dir is not None and run_dir.exists():
+        shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
+    load_start = os.getloadavg()[0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if status != 0:
+        return {"record": path.name, "status": status}
+    record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
+                         (load_start, os.getloadavg()[0]), cpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
+
+
+def running_pid(record: Path) -> int | None:
+    """The pid in ``record``'s ``.running`` marker, if it names a live process other than this one."""
+    try:
+        pid = int(record.with_suffix(".running").read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid  # alive, someone else's
+    return pid
+
+
+@contextlib.contextmanager
+def claimed(record: Path) -> Iterator[bool]:
+    """Hold ``record`` while it runs: ``<record>.running`` names this process, so a second ``run``
+    (another sitting, in parallel) skips the record instead of starting it again and wiping this run's
+    directory. A marker whose process is gone is taken over. Yields whether this process holds it."""
+    marker = record.with_suffix(".running")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if running_pid(record) is not None:
+                yield False
+                return
+            marker.unlink(missing_ok=True)  # left by a process that died
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()}\n")
+        try:
+            yield True
+        finally:
+            marker.unlink(missing_ok=True)
+        return
+    yield False
 
 
 def load_records(out: Path, comparison: str) -> list[dict[str, Any]]:

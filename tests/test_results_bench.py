@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -109,6 +111,27 @@ def test_quick_cory_records(results, tiny_model_dir, tmp_path, capsys) -> None:
         assert record["flags"]["init-kl-coef"] == results.CORY_SETTINGS["init-kl-coef"]
     assert results.main(["render", "--out", str(out), "--page", ""]) == 0
     assert (out / "cory.png").is_file() and last_json(capsys)["missing"]["cory"]["ppo"] == [1, 2]
+
+
+def test_a_record_running_elsewhere_is_skipped_and_a_dead_claim_taken_over(results, tiny_model_dir, tmp_path,
+                                                                         capsys) -> None:
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    argv = ["run", "magrpo", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--methods", "untrained-sequential"]
+    marker = out / "magrpo" / "untrained-sequential__s0.running"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(f"{os.getppid()}\n")  # a live process that is not this one
+    assert results.main(argv) == 0
+    summary = last_json(capsys)
+    assert summary["done"] == []
+    assert summary["skipped"] == [f"untrained-sequential__s0.json (running in process {os.getppid()})"]
+    assert not (out / "magrpo" / "untrained-sequential__s0.json").exists() and marker.exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process now
+    marker.write_text(f"{gone.pid}\n")
+    assert results.main(argv) == 0
+    assert [d["record"] for d in last_json(capsys)["done"]] == ["untrained-sequential__s0.json"]
+    assert not marker.exists()  # released once the record is written
 
 
 def test_helpers(results, tmp_path) -> None:
