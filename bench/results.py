@@ -13,8 +13,9 @@ Every method x seed is one **record**: ``<out>/<comparison>/<method>__s<seed>.js
 the flags, the per-iteration curve, the evaluation before and after, and the wall time, written as
 soon as that run finishes. A re-run skips the records that exist, so the page can be completed over
 several sittings. A record being run is marked (``<record>.running``, the pid), so sittings run in
-parallel split the missing records between them instead of starting one twice. The learners run through their command line (``llm-envs train ...`` /
-``llm-envs eval ...``, in this process), each in its own run directory under ``--runs-dir``.
+parallel split the missing records between them instead of starting one twice. The learners run
+through their command line (``llm-envs train ...`` / ``llm-envs eval ...``, in this process), each in
+its own run directory under ``--runs-dir``.
 
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
     python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
