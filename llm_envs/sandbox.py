@@ -901,8 +901,26 @@ class _Suite:
     statements: tuple[_Statement, ...]
 
 
+AST_LOCK = threading.RLock()
+"""Held around every conversion between source, ``ast`` objects and code in this package. CPython 3.11
+keeps the ``ast`` module's recursion-depth counter per interpreter, not per thread: two threads
+converting at once (the envs score batches in a thread pool) can fail with ``SystemError: AST constructor
+recursion depth mismatch`` (CPython gh-106905; seen in this suite's CI)."""
+
+
+def parse_python(source: str) -> ast.Module:
+    """``ast.parse(source)`` under :data:`AST_LOCK` (raises ``SyntaxError`` as ``ast.parse`` does)."""
+    with AST_LOCK:
+        return ast.parse(source)
+
+
 @functools.lru_cache(maxsize=512)
 def _parse_suite(tests: str) -> _Suite:
+    with AST_LOCK:
+        return _parse_suite_locked(tests)
+
+
+def _parse_suite_locked(tests: str) -> _Suite:
     try:
         module = ast.parse(tests)
     except SyntaxError as err:

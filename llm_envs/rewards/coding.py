@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_envs.rewards.trl import LogMetric, completion_texts, log_component_means, prompt_texts
-from llm_envs.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxJob, SandboxLimits, run_many
+from llm_envs.sandbox import DEFAULT_LIMITS, ExecutionResult, SandboxJob, SandboxLimits, parse_python, run_many
 
 AUX_NAME = "aux"
 MAX_REWARD = 4.0
@@ -99,7 +99,7 @@ def extract_function(text: str, name: str) -> str:
     """
     code = strip_fences(text)
     try:
-        module = ast.parse(code)
+        module = parse_python(code)
     except SyntaxError:
         return _line_block(code, name)
     found = ""
@@ -113,7 +113,7 @@ def extract_function(text: str, name: str) -> str:
 
 def _function_node(source: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     try:
-        module = ast.parse(source)
+        module = parse_python(source)
     except SyntaxError:
         return None
     for node in module.body:
@@ -200,7 +200,7 @@ def prompt_context(prompt: str, entry_point: str) -> tuple[str, str]:
     besides the entry point (HumanEval/32's ``poly``, /38's ``encode_cyclic``, ...). Both go into the
     program; the helpers are also run, as trusted dataset code, next to the tests that call them."""
     try:
-        module = ast.parse(prompt)
+        module = parse_python(prompt)
     except SyntaxError:
         imports = [line.strip() for line in prompt.splitlines()
                    if re.match(r"^\s*(from\s+[\w.]+\s+import\s+.+|import\s+[\w., ]+)$", line)]
@@ -250,7 +250,7 @@ def _static_part(aux: str, main: str, prompt: str, entry_point: str) -> tuple[di
     program = combine_program(imports, helpers, aux_source, main_source)
     syntax_error = None
     try:
-        ast.parse(program)
+        parse_python(program)
     except SyntaxError as err:
         syntax_error = f"line {err.lineno}, column {err.offset}: {err.msg}"
     return components, aux_source, main_source, program, syntax_error, combine_program(imports, helpers, "", "")
