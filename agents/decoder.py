@@ -105,6 +105,15 @@ def bucket_length(n: int) -> int:
     return -(-n // step) * step
 
 
+def causal_allowed(mask: torch.Tensor) -> torch.Tensor:
+    """(N, S, S) bool: which keys each query position may attend to in rows with key mask ``mask`` (N, S):
+    itself and the earlier unmasked positions. A pad query attends to itself only, so no softmax row is
+    empty."""
+    s = mask.shape[-1]
+    eye = torch.eye(s, dtype=torch.bool, device=mask.device)
+    return (torch.ones_like(eye).tril() & mask.bool()[:, None, :]) | eye
+
+
 def pad_left(ids: torch.Tensor, mask: torch.Tensor, width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad (N, S) rows to ``width`` columns (masked pads: positions and results do not change)."""
     extra = width - ids.shape[1]
@@ -368,9 +377,7 @@ class FusedDecoder:
         s = ids.shape[1]
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cos, sin = self._rope(positions, dtype)
-        causal = torch.ones(s, s, dtype=torch.bool, device=ids.device).tril()
-        # Pad queries attend to themselves only, so no row of the softmax is empty.
-        allowed = ((causal & mask.bool()[:, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device))[:, None]
+        allowed = causal_allowed(mask)[:, None]
         attend = self._attention(allowed, dtype, s)
         hidden = self.causal_lm.model.embed_tokens(ids)
         hidden = self._layers(hidden, cos, sin, attend, weights, loras, [b.rows for b in blocks], checkpoint)
@@ -416,7 +423,6 @@ class FusedDecoder:
         u, width = prompt_ids.shape
         n, length = ids.shape
         split = u * width
-        device = ids.device
         # Every projection runs once over all positions, prompts' then responses' (U * P + N * R, 1, H):
         # at these sizes a matmul costs what reading its weight costs, so two smaller ones would cost
         # twice. Only attention sees the rows.
@@ -437,11 +443,8 @@ class FusedDecoder:
         cos, sin = self._rope(positions[:, None], dtype)
         # As in hidden_states (pad queries attend to themselves): a prompt sees its own earlier tokens; a
         # response position its prompt's tokens, then its own earlier tokens.
-        eye_p = torch.eye(width, dtype=torch.bool, device=device)
-        allowed_p = (torch.ones_like(eye_p).tril() & prompt_mask.bool()[:, None, :]) | eye_p
-        eye_r = torch.eye(length, dtype=torch.bool, device=device)
-        own = (torch.ones_like(eye_r).tril() & mask.bool()[:, None, :]) | eye_r
-        allowed_r = torch.cat([prompt_mask.bool()[index, None, :].expand(-1, length, -1), own], dim=-1)
+        allowed_p = causal_allowed(prompt_mask)
+        allowed_r = torch.cat([prompt_mask.bool()[index, None, :].expand(-1, length, -1), causal_allowed(mask)], dim=-1)
         attend_p = self._attention(allowed_p[:, None], dtype, width)
         attend_r = self._attention(allowed_r[:, None], dtype, width + length)
         h, hd = self.num_heads, self.head_dim

@@ -50,6 +50,7 @@ from agents.decoder import (
     Block,
     FusedDecoder,
     bucket_length,
+    causal_allowed,
     decoder_support,
     pad_left,
 )
@@ -147,10 +148,7 @@ class RolloutEngine(FusedDecoder):
         loras = [{k: self._lora(p, pre_blocks, torch.float32) for k, p in w.items()} for w in weights]
         positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         cos, sin = self._rope(positions, dtype)
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        diagonal = torch.eye(width, dtype=torch.bool, device=device)
-        # Pad queries attend to themselves only (so no row of the softmax is empty).
-        prefill_mask = (causal & pre_mask.bool()[:, None, :]) | diagonal
+        prefill_mask = causal_allowed(pre_mask)
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self._layers(
             hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self.num_heads != self.num_kv_heads),
