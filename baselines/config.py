@@ -146,6 +146,10 @@ class CoreConfig:
     """Recompute each decoder layer in the backward instead of keeping its activations (the fused
     forward, agents/decoder.py): ~0.1 instead of ~0.9 MB a token for SmolLM2-135M in bf16, for ~1/3 more
     update time. ``--no-gradient-checkpointing`` trades the memory for speed (docs/agents.md)."""
+    activation_budget_mb: float = 0.0
+    """With gradient checkpointing, the megabytes of activations one gradient pass may keep: the decoder
+    layers whose activations fit keep them (~40 KB a token a layer for SmolLM2-135M in bf16), only the
+    rest are recomputed in the backward. 0: every layer is recomputed (the least memory)."""
     share_prompts: bool = True
     """Compute a prompt that several rows of a pass repeat (MAGRPO's G samples of a problem) once in the
     fused forward's scoring and training passes (docs/agents.md). ``--no-share-prompts`` computes every
@@ -164,6 +168,7 @@ class CoreConfig:
             "clip_eps": (0 < self.clip_eps < 1, "in (0, 1)"),
             "gamma": (0 <= self.gamma <= 1, "in [0, 1]"),
             "max_grad_norm": (self.max_grad_norm >= 0, ">= 0"),
+            "activation_budget_mb": (0 <= self.activation_budget_mb < float("inf"), ">= 0 and finite"),
         })
         check_choice(self, "logprob_temperature", ("raw", "sampling"))
         check_choice(self, "backend", ("auto", "engine", "generate"))

@@ -217,6 +217,7 @@ def main(config: Config) -> dict[str, Any]:
         [*agents, CRITIC], config.model, dtype=config.dtype, device=device, value_head=True,
         lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
+        activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
     venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens,

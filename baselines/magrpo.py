@@ -270,6 +270,7 @@ def main(config: Config) -> dict[str, float]:
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
         backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
+        activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.

@@ -1,13 +1,13 @@
 """Seconds per iteration of MAGRPO, PPO and CORY before and after the rollout engine, in one script,
 each path in its own process (so each peak RSS is its own), on the embedded SmolLM2-135M-Instruct.
 
-- ``before``: what the learners did until the engine: transformers' ``generate`` one agent at a time,
-  a float32 base, MAGRPO's update on a whole turn at once (``--backend generate --dtype float32``,
-  MAGRPO also ``--micro-batch-tokens 0``).
+- ``before``: main as it was when the rollout-engine issue was opened: the commit before the engine
+  (:data:`BEFORE_COMMIT`, checked out into a temporary git worktree and run with its own defaults:
+  transformers' ``generate`` one agent at a time, a float32 base, PEFT's forward, separate scoring
+  passes). ``--before flags`` runs today's code with the old choices switched back on instead
+  (``--backend generate --dtype float32``, MAGRPO also ``--micro-batch-tokens 0``, glibc's default
+  allocator settings): it isolates the engine and precision from the other changes since.
 - ``after``: today's defaults.
-
-The ``before`` child also runs with ``LLM_ENVS_TUNE_MALLOC=0``: glibc's default allocator settings, as
-before agents/memory.py's :func:`tune_allocator`.
 
 Shapes: MAGRPO, 2 agents (writing/xsum-v0), 1 problem x G=4, 48 new tokens, temperature 0.7 / top-p
 0.9, chat prompts of about 40 tokens, evaluation off. PPO (sentiment/imdb-v0) and CORY
@@ -17,17 +17,20 @@ median seconds per iteration, the first iteration (one-off set-up) left out. Pri
 its last line.
 
     python bench/iterations.py [--learners magrpo ppo cory] [--iterations 8] [--rounds 1]
+                               [--before commit|flags]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +49,8 @@ SHAPES = {
         "--max-new-tokens", "16", "--learning-rate", "5e-4",
     ],
 }
+BEFORE_COMMIT = "edff31a"
+"""main just before the rollout engine (agents/engine.py) landed: the code the issue measured."""
 BEFORE = {
     "magrpo": ["--backend", "generate", "--dtype", "float32", "--micro-batch-tokens", "0"],
     "ppo": ["--backend", "generate", "--dtype", "float32"],
@@ -55,7 +60,10 @@ BEFORE = {
 CHILD = """
 import json, resource, sys
 from baselines import cory, magrpo, ppo
-from baselines.metrics import read_metrics
+try:
+    from baselines.metrics import read_metrics
+except ImportError:  # the tree before the engine kept it in baselines/common.py
+    from baselines.common import read_metrics
 import tyro
 module = {"magrpo": magrpo, "ppo": ppo, "cory": cory}[sys.argv[1]]
 config = tyro.cli(module.Config, args=sys.argv[2:])
@@ -67,12 +75,34 @@ print(json.dumps({"s_per_iteration": [r["charts/s_per_iteration"] for r in rows]
 """
 
 
-def run(learner: str, path: str, iterations: int, out: Path) -> dict:
-    extra = BEFORE[learner] if path == "before" else []
+@contextlib.contextmanager
+def worktree(commit: str) -> Iterator[Path]:
+    """A temporary git worktree of this repository at ``commit`` (removed afterwards)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
+                       capture_output=True, text=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+
+
+def run(learner: str, path: str, iterations: int, out: Path, tree: Path | None = None) -> dict:
+    """One child process: ``path`` "before" runs ``tree`` (a checkout of the old commit) with its own
+    defaults, or, without a tree, today's code with the old choices (:data:`BEFORE`) switched back on."""
+    extra = BEFORE[learner] if path == "before" and tree is None else []
     args = [*SHAPES[learner], *COMMON, "--num-iterations", str(iterations), "--output-dir", str(out),
             "--run-name", f"{learner}-{path}", *extra]
-    env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": "0"} if path == "before" else None
-    proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=ROOT, capture_output=True, text=True,
+    env = dict(os.environ)
+    if path == "before":
+        env["LLM_ENVS_TUNE_MALLOC"] = "0"
+    cwd = ROOT
+    if path == "before" and tree is not None:
+        cwd = tree
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                          if p and Path(p).resolve() != ROOT]])
+    proc = subprocess.run([sys.executable, "-c", CHILD, learner, *args], cwd=cwd, capture_output=True, text=True,
                           env=env)
     if proc.returncode != 0:
         how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
@@ -91,17 +121,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--paths", nargs="+", choices=["before", "after"], default=["before", "after"],
                         help="run only some paths (the speedup needs both)")
+    parser.add_argument("--before", default="commit", choices=["commit", "flags"],
+                        help=f"commit: main before the engine ({BEFORE_COMMIT}, a temporary git worktree); "
+                             "flags: today's code with generate, float32 and glibc's allocator defaults")
     args = parser.parse_args()
     import torch
 
     result: dict[str, object] = {"iterations": args.iterations, "rounds": args.rounds,
-                                 "threads": torch.get_num_threads()}
-    with tempfile.TemporaryDirectory() as tmp:
+                                 "threads": torch.get_num_threads(),
+                                 "before": BEFORE_COMMIT if args.before == "commit" else "flags"}
+    old = worktree(BEFORE_COMMIT) if args.before == "commit" and "before" in args.paths else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as tmp, old as tree:
         for learner in args.learners:
             runs: dict[str, list[dict]] = {path: [] for path in args.paths}
             for _ in range(args.rounds):
                 for path in runs:
-                    runs[path].append(run(learner, path, args.iterations, Path(tmp)))
+                    runs[path].append(run(learner, path, args.iterations, Path(tmp), tree))
             summary: dict[str, object] = {}
             for path, records in runs.items():
                 summary[path] = {

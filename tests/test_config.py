@@ -110,6 +110,8 @@ def test_shared_fields_have_one_docstring():
         ("logprob_temperature", "hot", "logprob_temperature must be 'raw' or 'sampling', got 'hot'"),
         ("backend", "vllm", "backend must be 'auto', 'engine' or 'generate', got 'vllm'"),
         ("threads", 0, "threads must be a positive int or None, got 0"),
+        ("activation_budget_mb", -1.0, "activation_budget_mb must be >= 0 and finite, got -1.0"),
+        ("activation_budget_mb", math.inf, "activation_budget_mb must be >= 0 and finite, got inf"),
     ],
 )
 def test_shared_checks_apply_to_every_learner(learner, field, value, message):

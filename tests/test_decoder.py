@@ -423,3 +423,61 @@ def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
     assert padded[0].shape[1] == p_ids.shape[1] + 21 and padded[1][:, :21].sum() == 0
     torch.testing.assert_close(policy.score("main", *padded, r_ids, r_mask)[0],
                                policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_packed_pass_projects_only_the_unmasked_and_kept_positions(tokenizer, monkeypatch):
+    """Pads cost nothing: the projections see the positions that are unmasked or kept (rounded up to a
+    bucket), however wide the padding, and the scores equal an unpadded batch's."""
+    policy = make_policy(tokenizer)
+    policy.share_prompts = False
+    p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
+    qkv = policy.engine._weights()[0]["qkv"].weight
+    rows = []
+    real_linear = decoder_module.F.linear
+
+    def counting(x, weight, bias=None):
+        if weight is qkv:
+            rows.append(x.shape[0])
+        return real_linear(x, weight, bias)
+
+    monkeypatch.setattr(decoder_module.F, "linear", counting)
+    wide = decoder_module.pad_left(p_ids, p_mask, p_ids.shape[1] + 40, tokenizer.pad_token_id)
+    scores = policy.score("main", *wide, r_ids, r_mask)[0]
+    # Unmasked positions, plus the kept positions that are pads (row 1's response ended 3 tokens early;
+    # positions P-1 .. P+R-2 are kept, so two of its pads are), rounded up to a bucket.
+    assert rows == [decoder_module.bucket_length(int(p_mask.sum() + r_mask.sum()) + 2)]
+    assert rows[0] < wide[0].numel() // 2  # far fewer than the padded batch's positions
+    monkeypatch.setattr(decoder_module.F, "linear", real_linear)
+    torch.testing.assert_close(scores, policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_activation_budget_keeps_the_layers_that_fit(tokenizer, monkeypatch):
+    policy = make_policy(tokenizer)
+    batch = episode(tokenizer)
+    layers = len(policy.engine.causal_lm.model.layers)
+    assert layers == 2
+    config = policy.engine.causal_lm.config
+    # The estimate: 14 hidden-sized and 8 intermediate-sized elements a position, in the base's precision.
+    assert policy.engine.activation_bytes(10) == 10 * (14 * config.hidden_size + 8 * config.intermediate_size) * 4
+    monkeypatch.setattr(type(policy.engine), "activation_bytes", lambda self, tokens: 2**20)  # 1 MB a layer
+    calls = []
+    real = decoder_module.torch.utils.checkpoint.checkpoint
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module.torch.utils.checkpoint, "checkpoint", counting)
+    results = {}
+    for budget, recomputed in ((0.0, 2), (1.5, 1), (100.0, 0)):
+        policy.activation_budget_mb = budget
+        calls.clear()
+        results[budget] = loss_and_grads(policy, "main", batch)
+        assert len(calls) == recomputed, (budget, calls)
+    for budget in (1.5, 100.0):  # recomputing a layer changes the memory, not the results
+        torch.testing.assert_close(results[budget][0], results[0.0][0], atol=0, rtol=0)
+        for a, b in zip(results[budget][2], results[0.0][2]):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for bad in (-1, float("inf"), True, "512"):
+        with pytest.raises(ValueError, match="activation_budget_mb"):
+            make_policy(tokenizer, activation_budget_mb=bad)
