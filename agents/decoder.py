@@ -570,9 +570,17 @@ class FusedDecoder:
         return written_out
 
 
-HEAD_CHUNK_ELEMENTS = 1 << 22
-"""Logits computed at once by :func:`chosen_logprobs`: rows of (vocabulary) logits per chunk, ~16 MB
-of float32."""
+HEAD_CHUNK_ELEMENTS = 1 << 23
+"""Logits computed at once by :func:`chosen_logprobs`: rows of (vocabulary) logits per chunk, at most
+~32 MB of float32 (170 rows of a 49k vocabulary). Chunks are of equal size: each reads the whole LM
+head (56 MB in bf16 for SmolLM2), so a small remainder chunk would cost as much as a full one."""
+
+
+def _head_chunk_rows(n: int, vocabulary: int) -> int:
+    """Rows per chunk: as few chunks as :data:`HEAD_CHUNK_ELEMENTS` allows, all of the same size."""
+    most = max(1, HEAD_CHUNK_ELEMENTS // vocabulary)
+    chunks = max(1, -(-n // most))
+    return max(1, -(-n // chunks))
 
 
 def chosen_logprobs(
@@ -602,7 +610,7 @@ class _ChosenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, temperature: float):
-        rows = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
+        rows = _head_chunk_rows(len(ids), weight.shape[0])
         out = torch.empty(len(ids), dtype=torch.float32, device=hidden.device)
         normalizer = torch.empty_like(out)
         for i in range(0, len(ids), rows):
@@ -624,7 +632,7 @@ class _ChosenLogprobs(torch.autograd.Function):
             logits = _ChosenLogprobs._logits(hidden[part], weight, ctx.temperature)
             g = grad[part, None]
             # d logp(id) / d logits = onehot(id) - softmax, times the incoming gradient and 1/temperature.
-            grad_logits = (logits - normalizer[part, None]).exp_().mul_(-g)
+            grad_logits = logits.sub_(normalizer[part, None]).exp_().mul_(-g)  # in place: no second buffer
             grad_logits.scatter_add_(1, ids[part, None], g)
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)

@@ -303,7 +303,7 @@ def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, tempe
     hidden = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64)
     ids = torch.randint(0, 50, (3, 5))
-    monkeypatch.setattr(decoder_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # 4 rows a chunk: 4 chunks of 15 rows
+    monkeypatch.setattr(decoder_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # <= 4 rows a chunk: 4, 4, 4 and 3 of 15
     got = decoder_module.chosen_logprobs(hidden, weight, ids, temperature)
     expected = torch.log_softmax(hidden @ weight.t() / temperature, -1).gather(-1, ids[..., None]).squeeze(-1)
     torch.testing.assert_close(got, expected.float())
@@ -313,6 +313,13 @@ def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, tempe
     torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="frozen LM head"):
         decoder_module.chosen_logprobs(hidden, weight.clone().requires_grad_(True), ids)
+
+
+def test_head_chunks_are_as_few_as_fit_and_of_equal_size():
+    vocabulary = 49152  # SmolLM2: at most 170 rows of float32 logits a chunk
+    assert decoder_module.HEAD_CHUNK_ELEMENTS // vocabulary == 170
+    sizes = {n: decoder_module._head_chunk_rows(n, vocabulary) for n in (1, 91, 170, 171, 192, 1000)}
+    assert sizes == {1: 1, 91: 91, 170: 170, 171: 86, 192: 96, 1000: 167}  # 1000: 6 chunks, not 5 + 150
 
 
 def test_checkpointing_changes_memory_not_results(tokenizer):
