@@ -8,12 +8,16 @@ It speaks the Chrome DevTools Protocol over a websocket (``websocket-client``) t
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +107,7 @@ def render(
     names to JavaScript expressions run after the load (their JSON values land in ``Page.values``);
     ``screenshot`` saves the whole page (up to ``max_height`` pixels) as a PNG ``width`` pixels wide."""
     url = Path(html_path).resolve().as_uri()
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+    with _profile_dir() as profile:
         proc = subprocess.Popen(
             [find_chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
              "--disable-extensions", "--hide-scrollbars", "--remote-debugging-port=0",
@@ -169,3 +173,27 @@ def render(
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=30)
+            # Chromium's helper processes (renderer, utility) share its session and may outlive it for a
+            # moment, still writing into the profile: end them all before the profile is removed.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _profile_dir() -> Iterator[str]:
+    """A temporary Chromium profile directory, removed afterwards; removal is retried for a few seconds
+    (a helper process that was still exiting can leave a file behind: "Directory not empty")."""
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    try:
+        yield profile
+    finally:
+        for attempt in range(50):
+            try:
+                shutil.rmtree(profile)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
