@@ -178,6 +178,7 @@ def update_critic(
         optimizer.step()
         losses.append(overall)
         norms.append(float(norm))
+    optimizer.zero_grad(set_to_none=True)  # not kept between updates: they would only hold memory
     return {"value_loss": float(np.mean(losses)), "grad_norm": float(np.mean(norms))}
 
 

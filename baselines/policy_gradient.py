@@ -229,6 +229,9 @@ def update_agent(
         optimizer.step()
         stats["loss"].append(float(total.detach()))
         stats["grad_norm"].append(float(norm))
+    # Gradients are not kept between updates: until this agent's next update they would only hold memory
+    # (its adapter's size in float32) through the other agents' updates, the rollout and the evaluation.
+    optimizer.zero_grad(set_to_none=True)
     out = {k: float(np.mean(v)) for k, v in stats.items() if v}
     if spread:
         # Each rank's losses are its part of the global sums; the gradient norm is already global.

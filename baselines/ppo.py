@@ -261,6 +261,10 @@ def ppo_update(
         for key, value in values_out.items():
             stats[key].append(float(value.detach()))
         stats["grad_norm"].append(float(norm))
+    # Gradients are not kept between updates (they would only hold memory until the next one).
+    optimizer.zero_grad(set_to_none=True)
+    if critic_optimizer is not None:
+        critic_optimizer.zero_grad(set_to_none=True)
     out = {k: float(np.mean(v)) for k, v in stats.items()}
     if spread:
         # Each rank's values are its parts of the global minibatch sums; the gradient norm is global.
