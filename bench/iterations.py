@@ -80,8 +80,11 @@ def worktree(commit: str) -> Iterator[Path]:
     """A temporary git worktree of this repository at ``commit`` (removed afterwards)."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
-                       capture_output=True, text=True)
+        made = subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT,
+                              capture_output=True, text=True)
+        if made.returncode != 0:  # no git, or a shallow clone without that commit
+            raise SystemExit(f"cannot check out {commit} for the 'before' path ({made.stderr.strip()}); "
+                             "fetch the history (git fetch --unshallow) or run with --before flags")
         try:
             yield tree
         finally:
