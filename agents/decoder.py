@@ -561,10 +561,12 @@ class FusedDecoder:
         return written_out
 
 
-HEAD_CHUNK_ELEMENTS = 1 << 23
+HEAD_CHUNK_ELEMENTS = 6 << 20
 """Logits computed at once by :func:`chosen_logprobs`: rows of (vocabulary) logits per chunk, at most
-~32 MB of float32 (170 rows of a 49k vocabulary). Chunks are of equal size: each reads the whole LM
-head (56 MB in bf16 for SmolLM2), so a small remainder chunk would cost as much as a full one."""
+24 MiB of float32 (128 rows of a 49k vocabulary), below glibc's largest mmap threshold (32 MiB, see
+:mod:`agents.memory`) so that a chunk's buffer is reused rather than mapped afresh. Chunks are of equal
+size: each reads the whole LM head (56 MB in bf16 for SmolLM2), so a small remainder chunk would cost
+as much as a full one."""
 
 
 def _head_chunk_rows(n: int, vocabulary: int) -> int:

@@ -8,8 +8,8 @@ the free pages; the policy calls it before each rollout (docs/agents.md has the 
 
 The opposite problem costs time: with glibc's defaults, large blocks are mapped afresh (``mmap``) and
 whatever a pass frees beyond a small threshold goes back to the OS (the heap is trimmed at twice the
-mmap threshold, itself at most 32 MB), so the next pass's activations (16 MB chunks of LM-head logits,
-layer inputs) are paid for again in page faults on first touch: on SmolLM2-135M a quarter of an
+mmap threshold, itself at most 32 MB), so the next pass's activations (LM-head logits in chunks of up
+to 24 MiB, layer inputs) are paid for again in page faults on first touch: on SmolLM2-135M a quarter of an
 update's forward + backward. :func:`tune_allocator` keeps such blocks in the heap for reuse, and the
 explicit :func:`release_memory` before each rollout bounds what the heap keeps.
 """

@@ -316,10 +316,11 @@ def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, tempe
 
 
 def test_head_chunks_are_as_few_as_fit_and_of_equal_size():
-    vocabulary = 49152  # SmolLM2: at most 170 rows of float32 logits a chunk
-    assert decoder_module.HEAD_CHUNK_ELEMENTS // vocabulary == 170
-    sizes = {n: decoder_module._head_chunk_rows(n, vocabulary) for n in (1, 91, 170, 171, 192, 1000)}
-    assert sizes == {1: 1, 91: 91, 170: 170, 171: 86, 192: 96, 1000: 167}  # 1000: 6 chunks, not 5 + 150
+    vocabulary = 49152  # SmolLM2: at most 128 rows of float32 logits a chunk
+    assert decoder_module.HEAD_CHUNK_ELEMENTS // vocabulary == 128
+    assert decoder_module.HEAD_CHUNK_ELEMENTS * 4 < 32 * 2**20  # below glibc's largest mmap threshold
+    sizes = {n: decoder_module._head_chunk_rows(n, vocabulary) for n in (1, 91, 128, 129, 192, 1000)}
+    assert sizes == {1: 1, 91: 91, 128: 128, 129: 65, 192: 96, 1000: 125}  # 1000: 8 chunks, not 7 + 104
 
 
 def test_checkpointing_changes_memory_not_results(tokenizer):
