@@ -384,7 +384,7 @@ class FusedDecoder:
         if extra > 0:
             flat_wanted[(~flat_wanted).nonzero().squeeze(1)[:extra]] = True
         sel = flat_wanted.nonzero().squeeze(1)  # (T,) flat positions, row by row
-        per_row = wanted.sum(1)
+        per_row = flat_wanted.view(n, s).sum(1)  # the bucket's extra positions included
         rows: list[int] = []
         start = 0
         for block in blocks:

@@ -379,7 +379,7 @@ def running_pid(record: Path) -> int | None:
     except ProcessLookupError:
         return None
     except PermissionError:
-        return pid  # alive, someone else's
+        pass  # alive, someone else's
     return pid
 
 
