@@ -1220,11 +1220,13 @@ class MultiAgentPolicy:
 
         return get_peft_model_state_dict(self.model, adapter_name=agent)
 
-    def state(self) -> dict[str, dict[str, torch.Tensor]]:
+    def state(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """A copy of everything :meth:`save` writes, as ``{file name: {key: CPU tensor}}``: the trained
-        state at one moment, which later updates do not change (``save(dir, state)`` writes it)."""
+        state at one moment, which later updates do not change (``save(dir, state)`` writes it).
+        ``agents``: only these agents' files (all by default)."""
         files: dict[str, dict[str, torch.Tensor]] = {}
-        for agent in self.agents:
+        for agent in self.agents if agents is None else agents:
+            self._check_agent(agent)
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._agent_state(agent).items()}
             if self.lora is None:
                 state = _untie(state)

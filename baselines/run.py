@@ -14,15 +14,17 @@ configs are :class:`~baselines.config.LearnerConfig`). A learner reads::
         run.evaluate_after()
     result = run.finish(metrics)                  # the last checkpoint, the plot; the result dict
 
-The state a checkpoint holds is copied at every iteration boundary (:meth:`Run.boundary`): Ctrl-C in
-the middle of an iteration saves the last boundary, never half-updated weights, so a resumed run is
-exactly the uninterrupted one. Under torchrun or accelerate launch only rank 0 evaluates, logs, plots
-and writes checkpoints; the other ranks wait for it at the same points (baselines/distributed.py).
+The state a checkpoint holds is taken at every iteration boundary (:meth:`Run.boundary`; an agent's
+tensors are copied only when its optimizer is about to step): Ctrl-C in the middle of an iteration
+saves the last boundary, never half-updated weights, so a resumed run is exactly the uninterrupted one.
+Under torchrun or accelerate launch only rank 0 evaluates, logs, plots and writes checkpoints; the other
+ranks wait for it at the same points (baselines/distributed.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +35,14 @@ import torch
 
 from agents.memory import release_memory
 from baselines import distributed, evaluation
-from baselines.checkpoints import TrainerState, check_run_dir, interrupted, resume_checkpoint, save_checkpoint
+from baselines.checkpoints import (
+    BoundaryState,
+    TrainerState,
+    check_run_dir,
+    interrupted,
+    resume_checkpoint,
+    save_checkpoint,
+)
 from baselines.metrics import METRICS_FILE, MetricLogger
 from baselines.plots import plot_metrics
 from baselines.rng import seed_everything
@@ -56,7 +65,7 @@ class Run:
         """The last finished iteration (``start_step`` until one finishes)."""
         self.extra: dict[str, Any] = {}
         """Learner state saved with the checkpoints besides weights and RNGs (``eval_before``, ...)."""
-        self.state: TrainerState | None = None
+        self.state: BoundaryState | None = None
         self.final_eval: dict[str, float] = {}
         self.logger: MetricLogger | None = None
         self.samples: SampleWriter | None = None
@@ -116,6 +125,9 @@ class Run:
         self.policy, self.optimizers = policy, optimizers
         self.env_kwargs, self.adapters, self.extra_state, self.weights = env_kwargs, adapters, extra_state, weights
         self.params = [p for agent in optimizers for p in policy.parameters(agent)]
+        for agent, optimizer in optimizers.items():
+            # Copy on write: an agent's boundary state is copied just before its optimizer changes it.
+            optimizer.register_step_pre_hook(functools.partial(self._before_step, agent))
         distributed.broadcast_params(self.params)  # identical replicas whatever each rank's RNG did
         if self.main:
             resume_step = self.start_step if config.resume else None
@@ -220,23 +232,27 @@ class Run:
         self.final_eval = self.evaluate(self.step)
 
     # ------------------------------------------------------------------------------ state
-    def boundary(self, step: int) -> TrainerState | None:
-        """The state after iteration ``step`` (rank 0 only: it alone writes checkpoints)."""
+    def boundary(self, step: int) -> BoundaryState | None:
+        """The state after iteration ``step``, copied on write (rank 0 only: it alone writes checkpoints)."""
         if not self.main:
             return None
         if self.extra_state is not None:
             self.extra.update(self.extra_state())
-        return TrainerState.capture(
-            step=step, policy=self.policy, optimizers=self.optimizers, rng=self.rng, extra=self.extra
-        )
+        return BoundaryState(step=step, policy=self.policy, optimizers=self.optimizers, rng=self.rng, extra=self.extra)
 
-    def checkpoint(self, state: TrainerState | None, step: int, wait: bool = True) -> Path:
+    def _before_step(self, agent: str, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if self.state is not None:
+            self.state.freeze(agent)
+
+    def checkpoint(self, state: BoundaryState | TrainerState | None, step: int, wait: bool = True) -> Path:
         """Write ``state`` (rank 0); with ``wait`` the ranks first check that their weights agree and
         afterwards wait until the checkpoint is complete."""
         path = self.run_dir / "checkpoints" / f"step_{step:06d}"
         if wait:
             distributed.check_in_sync(self.params, self.weights)
         if state is not None:
+            if isinstance(state, BoundaryState):
+                state = state.resolve()
             path = save_checkpoint(self.run_dir, state, learner=self.config.learner, config=self.config,
                                    policy=self.policy)
         if wait:

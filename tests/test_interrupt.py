@@ -6,17 +6,20 @@ value heads, optimizer states, KL coefficients and metrics of a run that was nev
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import pytest
 import torch
 
 import baselines.evaluation
 import baselines.play
+import baselines.run
 from baselines import cory, maac, magrpo, ppo
 from baselines.checkpoints import find_checkpoint
 from baselines.metrics import read_metrics
@@ -68,6 +71,9 @@ POINTS = {
     "before-update": ("rollout", {"magrpo": 2, "maac": 2, "ppo": 4, "cory": 4}),
     "between-agents": ("update", {"magrpo": 4, "maac": 4, "ppo": 4, "cory": 4}),
     "during-eval": ("evaluate", {"magrpo": 3, "maac": 3, "ppo": 3, "cory": 3}),
+    # Right after iteration 2's first optimizer step: that agent's live weights and AdamW state have
+    # moved on, so the checkpoint must come from the copy taken just before the step.
+    "after-a-step": ("step", {"magrpo": 1, "maac": 1, "ppo": 1, "cory": 1}),
 }
 
 
@@ -85,7 +91,26 @@ def run_state(run_dir) -> dict:
 
 
 def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: int) -> None:
-    """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there)."""
+    """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there); for
+    ``"step"``, the ``call``-th optimizer step of iteration 2 raises after it has run."""
+    if what == "step":
+        real_end, real_step, ended, steps = baselines.run.Run.end_iteration, torch.optim.AdamW.step, [], []
+
+        def end_iteration(self, *args, **kwargs):
+            ended.append(1)
+            return real_end(self, *args, **kwargs)
+
+        def step(self, *args, **kwargs):
+            out = real_step(self, *args, **kwargs)
+            if len(ended) == 1:
+                steps.append(1)
+                if len(steps) == call:
+                    raise KeyboardInterrupt
+            return out
+
+        monkeypatch.setattr(baselines.run.Run, "end_iteration", end_iteration)
+        monkeypatch.setattr(torch.optim.AdamW, "step", step)
+        return
     if what == "rollout":
         owner, name = (module, "rollout") if module in (magrpo, maac) else (baselines.play, "play_episodes")
     elif what == "update":
@@ -162,3 +187,45 @@ def test_interrupt_keeps_a_clean_periodic_checkpoint(tiny_model_dir, tmp_path, m
         mine = run_state(config.run_dir())["tensors"][name]
         for key, tensor in tensors.items():
             assert torch.equal(mine[key], tensor), (name, key)
+
+
+def test_boundary_state_is_copied_only_when_an_optimizer_steps(tmp_path):
+    """The boundary holds no copy of an agent until its optimizer is about to step; then exactly that
+    agent's adapter and AdamW state are copied, and the resolved state is the boundary's."""
+    from test_agents import make_policy
+
+    from baselines.checkpoints import BoundaryState
+    from llm_envs.tokenizers import load_tokenizer
+
+    policy = make_policy(load_tokenizer())
+    optimizers = {agent: policy.optimizer(agent, lr=0.1) for agent in policy.agents}
+    first, second = policy.agents[:2]
+    for agent in policy.agents:  # a first step each, so the boundary has AdamW moments to keep
+        sum(p.sum() for p in policy.parameters(agent)).backward()
+        optimizers[agent].step()
+        optimizers[agent].zero_grad()
+    before = policy.state()
+    moments = {a: copy.deepcopy(o.state_dict()) for a, o in optimizers.items()}
+    state = BoundaryState(step=3, policy=policy, optimizers=optimizers, rng=np.random.default_rng(0))
+    for agent, optimizer in optimizers.items():
+        optimizer.register_step_pre_hook(lambda *_, agent=agent: state.freeze(agent))
+    assert state.frozen == ()
+
+    sum((p * p).sum() for p in policy.parameters(first)).backward()
+    optimizers[first].step()
+    assert state.frozen == (first,)
+    live = policy.state(agents=[first])
+    name = f"{first}.adapter.safetensors"
+    assert any(not torch.equal(live[name][k], before[name][k]) for k in before[name])  # it did move
+
+    resolved = state.resolve()
+    assert resolved.step == 3 and sorted(resolved.policy) == sorted(before)
+    for file, tensors in before.items():
+        for key, tensor in tensors.items():
+            assert torch.equal(resolved.policy[file][key], tensor), (file, key)
+    for agent in (first, second):
+        for index, values in moments[agent]["state"].items():
+            for key, value in values.items():
+                assert torch.equal(resolved.optimizers[agent]["state"][index][key], value), (agent, index, key)
+    with pytest.raises(KeyError, match="nobody"):
+        policy.state(agents=["nobody"])
