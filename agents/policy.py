@@ -52,6 +52,7 @@ import copy
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -302,7 +303,11 @@ class MultiAgentPolicy:
         else:
             from peft import get_peft_model
 
-            self.model = get_peft_model(model, lora.peft_config(), adapter_name=self.agents[0])
+            with warnings.catch_warnings():
+                # PEFT reads transformers' deprecated ``is_gradient_checkpointing``: a FutureWarning on
+                # every run that the user can do nothing about.
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.model = get_peft_model(model, lora.peft_config(), adapter_name=self.agents[0])
             for name in self.agents[1:]:
                 self.model.add_adapter(name, lora.peft_config())
             self._causal_lm = self.model.get_base_model()
