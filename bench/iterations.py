@@ -91,12 +91,14 @@ def worktree(commit: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
-def run(learner: str, path: str, iterations: int, out: Path, tree: Path | None = None) -> dict:
+def run(learner: str, path: str, iterations: int, out: Path, tree: Path | None = None, round_: int = 0) -> dict:
     """One child process: ``path`` "before" runs ``tree`` (a checkout of the old commit) with its own
-    defaults, or, without a tree, today's code with the old choices (:data:`BEFORE`) switched back on."""
+    defaults, or, without a tree, today's code with the old choices (:data:`BEFORE`) switched back on.
+    Each round gets its own run directory (a finished run leaves a checkpoint that a new run refuses to
+    write over)."""
     extra = BEFORE[learner] if path == "before" and tree is None else []
     args = [*SHAPES[learner], *COMMON, "--num-iterations", str(iterations), "--output-dir", str(out),
-            "--run-name", f"{learner}-{path}", *extra]
+            "--run-name", f"{learner}-{path}-{round_}", *extra]
     env = dict(os.environ)
     if path == "before":
         env["LLM_ENVS_TUNE_MALLOC"] = "0"
@@ -137,9 +139,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, old as tree:
         for learner in args.learners:
             runs: dict[str, list[dict]] = {path: [] for path in args.paths}
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for path in runs:
-                    runs[path].append(run(learner, path, args.iterations, Path(tmp), tree))
+                    runs[path].append(run(learner, path, args.iterations, Path(tmp), tree, round_))
             summary: dict[str, object] = {}
             for path, records in runs.items():
                 summary[path] = {
