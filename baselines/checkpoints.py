@@ -63,33 +63,15 @@ class TrainerState:
     """Everything a checkpoint holds, copied at one moment (an iteration boundary): later updates,
     sampling or evaluation do not change it. :func:`save_checkpoint` writes one.
 
-    Learners take one at every iteration boundary; Ctrl-C in the middle of an iteration then saves
-    the last boundary's state, never the half-updated live weights (a resumed run is then exactly
-    the uninterrupted run)."""
+    Learners mark a :class:`BoundaryState` at every iteration boundary and resolve it into this when a
+    checkpoint is written; Ctrl-C in the middle of an iteration then saves the last boundary's state,
+    never the half-updated live weights (a resumed run is then exactly the uninterrupted run)."""
 
     step: int
     policy: dict[str, dict[str, torch.Tensor]]
     optimizers: dict[str, dict[str, Any]]
     rng: dict[str, Any]
     extra: dict[str, Any]
-
-    @classmethod
-    def capture(
-        cls,
-        *,
-        step: int,
-        policy: Any,
-        optimizers: Mapping[str, torch.optim.Optimizer],
-        rng: np.random.Generator,
-        extra: Mapping[str, Any] | None = None,
-    ) -> TrainerState:
-        return cls(
-            step=int(step),
-            policy=policy.state(),
-            optimizers={agent: copy.deepcopy(opt.state_dict()) for agent, opt in optimizers.items()},
-            rng=copy.deepcopy(rng_state(rng)),
-            extra=copy.deepcopy(dict(extra or {})),
-        )
 
 
 class BoundaryState:
@@ -132,7 +114,7 @@ class BoundaryState:
         """Copy ``agent``'s boundary state before its weights or optimizer state change (idempotent).
         The agent counts as frozen only once both copies are complete, so an interrupt in the middle
         leaves the live, still unchanged, tensors in charge."""
-        if agent in self._frozen or agent not in self._optimizers:
+        if agent in self._frozen:
             return
         files = self._policy.state(agents=[agent])
         optimizer = copy.deepcopy(self._optimizers[agent].state_dict())
@@ -149,7 +131,7 @@ class BoundaryState:
             agent: self._frozen[agent] if agent in self._frozen else copy.deepcopy(opt.state_dict())
             for agent, opt in self._optimizers.items()
         }
-        return TrainerState(self.step, files, optimizers, copy.deepcopy(self.rng), copy.deepcopy(self.extra))
+        return TrainerState(self.step, files, optimizers, self.rng, self.extra)
 
 
 def save_checkpoint(
