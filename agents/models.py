@@ -23,9 +23,11 @@ attention masks say where the tokens are.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,27 +53,99 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DTYPE_ENV = "LLM_ENVS_DTYPE"
+"""Environment variable that overrides what ``dtype=None``/"auto" resolves to (``float32``, ``bfloat16``,
+``float16`` or ``auto``): one switch for every model a run loads, the benches and the TRL example."""
+
+# oneDNN's ISA names in increasing order (``ONEDNN_MAX_CPU_ISA``): from AVX512_CORE_BF16 on, bfloat16
+# matmuls run on bf16 instructions; below it oneDNN converts to float32 in software (3x slower than
+# float32 itself on an AVX2-only EPYC, measured: docs/agents.md "Precision").
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+                "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16")
+_BF16_ISA = _ONEDNN_ISAS.index("AVX512_CORE_BF16")
+
+
 @functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (x86 ``avx512_bf16`` or ``amx_bf16``; read from
-    ``/proc/cpuinfo``, so ``False`` off Linux)."""
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags of this CPU (``/proc/cpuinfo``; empty off Linux)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text(errors="replace").split()
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+"""The CPU features that decide which kernels run (and so a figure's meaning): AVX2, AVX-512, AVX-512
+bf16, AMX."""
+
+
+def machine_description(dtype: str | torch.dtype | None = None) -> dict[str, Any]:
+    """What a benchmark figure was measured on: the CPU model, its ISA flags (:data:`ISA_FLAGS`),
+    ATen's kernel set, any kernel restriction, torch's threads, and the dtype of the measured math
+    (``None``: the operation involves no model, e.g. an env step)."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    flags = cpu_flags()
+    return {
+        "cpu": model,
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+        "restriction": kernel_restriction(),
+        "native_bf16": cpu_has_native_bf16(),
+        "threads": torch.get_num_threads(),
+        "dtype": None if dtype is None else str(dtype).replace("torch.", ""),
+    }
+
+
+def kernel_restriction() -> dict[str, str]:
+    """The environment variables that restrict the CPU kernels below what the hardware has
+    (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``), as set: the way to
+    reproduce an AVX2-only machine on an AVX-512 or AMX one (``.ci/run`` does, for the numerics tests)."""
+    names = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+    return {name: os.environ[name] for name in names if os.environ.get(name)}
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether bfloat16 matmuls run on bf16 instructions here: the CPU has ``avx512_bf16`` or
+    ``amx_bf16`` and no kernel restriction hides them (``ONEDNN_MAX_CPU_ISA`` below AVX512_CORE_BF16, or
+    ``ATEN_CPU_CAPABILITY`` of ``avx2``/``default``). ``False`` off Linux."""
+    flags = cpu_flags()
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    restriction = kernel_restriction()
+    isa = (restriction.get("ONEDNN_MAX_CPU_ISA") or restriction.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    if isa in _ONEDNN_ISAS and _ONEDNN_ISAS.index(isa) < _BF16_ISA:
+        return False
+    return restriction.get("ATEN_CPU_CAPABILITY", "").lower() not in ("default", "avx2")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """``None``/``"auto"``: bfloat16 on a GPU that supports it (else float16), and on a CPU with native
-    bfloat16 arithmetic (avx512_bf16 / AMX: decode steps and updates measured 1.5-2x faster than
-    float32, see docs/agents.md); float32 on other CPUs. The base model takes this dtype; LoRA adapters,
-    value heads, optimizer states and log-probs stay float32."""
+    """``None``/``"auto"``: ``$LLM_ENVS_DTYPE`` when set (``float32``, ``bfloat16``, ...); else bfloat16 on
+    a GPU that supports it (else float16), and on a CPU with native bfloat16 arithmetic
+    (:func:`cpu_has_native_bf16`: decode steps and updates measured 1.5-2x faster than float32, see
+    docs/agents.md); float32 on other CPUs, where bf16 is emulated and ~3x slower. The base model takes
+    this dtype; LoRA adapters, value heads, optimizer states and log-probs stay float32."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating-point torch dtype, got {dtype!r}")
         return dtype
     if dtype is None or dtype == "auto":
+        forced = os.environ.get(DTYPE_ENV, "").strip()
+        if forced and forced != "auto":
+            if forced not in _DTYPES:
+                raise ValueError(f"${DTYPE_ENV} must be 'auto' or one of {sorted(_DTYPES)}, got {forced!r}")
+            return _DTYPES[forced]
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.bfloat16 if device.type == "cpu" and cpu_has_native_bf16() else torch.float32
@@ -138,6 +212,31 @@ def convert_default_model(force: bool = False) -> Path:
         if not _has_tokenizer(target):
             _add_tokenizer(target)
         return target
+    # Building the fresh model draws its random initial weights from torch's global generator: without
+    # the fork, the run that converts would sample differently from every later run of the same seed.
+    with keep_global_rng():
+        _convert(target, force)
+    return target
+
+
+@contextlib.contextmanager
+def keep_global_rng() -> Iterator[None]:
+    """Restore torch's, Python's and numpy's global generators on exit: one-off work (converting or
+    re-casting the default model) must not move a seeded run's random streams."""
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
+def _convert(target: Path, force: bool) -> None:
     from transformers import AutoModelForCausalLM
 
     gguf = find_default_gguf()
@@ -159,7 +258,6 @@ def convert_default_model(force: bool = False) -> Path:
         _save_tokenizer(tmp)
 
     atomic_save_dir(target, save, replace=force)
-    return target
 
 
 def default_model_in(dtype: torch.dtype) -> Path:
@@ -174,7 +272,8 @@ def default_model_in(dtype: torch.dtype) -> Path:
         return target
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(dtype)
+    with keep_global_rng():
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(dtype)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(str(tmp), safe_serialization=True)

@@ -516,6 +516,38 @@ def test_model_loading_options(tokenizer, tmp_path):
     assert resolve_dtype("auto", torch.device("cpu")) == resolve_dtype(None, torch.device("cpu"))
 
 
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ({"avx2"}, {}, torch.float32),  # AVX2-only EPYC: bf16 is emulated
+        ({"avx2", "avx512f", "avx512_bf16"}, {}, torch.bfloat16),  # Zen 4 / Cooper Lake
+        ({"avx2", "avx512f", "amx_bf16"}, {}, torch.bfloat16),  # Sapphire Rapids
+        ({"avx2", "avx512f", "amx_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}, torch.float32),  # the CI restriction
+        ({"avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "avx512_core"}, torch.float32),
+        ({"avx512_bf16"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"}, torch.bfloat16),
+        ({"amx_bf16"}, {"ATEN_CPU_CAPABILITY": "avx2"}, torch.float32),
+        ({"amx_bf16"}, {"LLM_ENVS_DTYPE": "float32"}, torch.float32),  # forced
+        ({"avx2"}, {"LLM_ENVS_DTYPE": "bfloat16"}, torch.bfloat16),
+        ({"avx2"}, {"LLM_ENVS_DTYPE": "auto"}, torch.float32),
+    ],
+)
+def test_auto_dtype_follows_the_cpu_the_kernel_restriction_and_the_override(monkeypatch, flags, env, expected):
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                 "LLM_ENVS_DTYPE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(agents.models, "cpu_flags", lambda: frozenset(flags))
+    assert resolve_dtype(None, torch.device("cpu")) == expected
+    assert resolve_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit dtype always wins
+
+
+def test_a_bad_forced_dtype_names_the_variable(monkeypatch):
+    monkeypatch.setenv("LLM_ENVS_DTYPE", "fp8")
+    with pytest.raises(ValueError, match=r"\$LLM_ENVS_DTYPE must be 'auto' or one of .* got 'fp8'"):
+        resolve_dtype(None, torch.device("cpu"))
+
+
 def test_vocabulary_mismatch_is_an_error(tokenizer):
     from transformers import AutoModelForCausalLM, LlamaConfig
 

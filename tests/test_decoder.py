@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from numerics import assert_f32_close, assert_grads_close
 from tiny_models import tiny_model
 
 from agents import LoraSettings, MultiAgentPolicy
@@ -77,14 +78,6 @@ def peft_path(policy):
     return Switch()
 
 
-def assert_grads_close(mine, theirs):
-    """Float32 gradients of sums over tokens: equal up to rounding relative to the tensor's scale."""
-    assert len(mine) == len(theirs) > 2
-    for a, b in zip(mine, theirs):
-        assert b.abs().max() > 0
-        assert (a - b).abs().max() <= 1e-4 * b.abs().max(), (a - b).abs().max()
-
-
 def loss_and_grads(policy, agent, batch):
     policy.train()
     for p in policy.parameters(agent):
@@ -106,8 +99,8 @@ def test_scores_and_gradients_equal_peft(tokenizer):
         with peft_path(policy):
             assert not policy._fused()
             reference = loss_and_grads(policy, agent, batch)
-        torch.testing.assert_close(fused[0], reference[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(fused[1], reference[1], atol=1e-5, rtol=1e-5)
+        assert_f32_close(fused[0], reference[0])
+        assert_f32_close(fused[1], reference[1])
         assert_grads_close(fused[2], reference[2])
         # pads score 0
         assert (fused[0][batch[3] == 0] == 0).all() and (fused[1][batch[3] == 0] == 0).all()
@@ -123,13 +116,12 @@ def test_reference_and_one_pass_score_equal_separate_calls(tokenizer):
             expected_lp, expected_v = policy.forward("main", *batch, with_values=True, temperature=temperature)
             expected_ref = policy.ref_logprobs("main", *batch, temperature=temperature)
             separate = policy.score("main", *batch, with_values=True, with_reference=True, temperature=temperature)
-        torch.testing.assert_close(logprobs, expected_lp.detach(), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(values, expected_v.detach(), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ref, expected_ref, atol=1e-5, rtol=1e-5)
+        assert_f32_close(logprobs, expected_lp.detach())
+        assert_f32_close(values, expected_v.detach())
+        assert_f32_close(ref, expected_ref)
         for mine, theirs in zip((logprobs, values, ref), separate):
-            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(policy.ref_logprobs("main", *batch, temperature=temperature), ref,
-                                   atol=1e-6, rtol=1e-6)
+            assert_f32_close(mine, theirs)
+        assert_f32_close(policy.ref_logprobs("main", *batch, temperature=temperature), ref)
         assert not torch.allclose(ref, logprobs)  # the adapter matters: the reference is not the policy
     only = policy.score("helper", *batch)
     assert only[1] is None and only[2] is None
@@ -168,7 +160,7 @@ def test_shared_prompts_give_the_whole_rows_scores_and_gradients(tokenizer, chec
         whole = loss_and_grads(policy, agent, batch)
         policy.share_prompts = True
         for a, b in zip(shared[:2], whole[:2]):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+            assert_f32_close(a, b)
         assert_grads_close(shared[2], whole[2])
         assert (shared[0][batch[3] == 0] == 0).all()
     assert passes == [3, 3]  # 3 distinct prompts for 9 rows
@@ -180,7 +172,7 @@ def test_shared_prompts_give_the_whole_rows_scores_and_gradients(tokenizer, chec
         policy.share_prompts = True
     assert passes[-1] == 6  # the 3 prompts once per row block
     for a, b in zip(shared, whole):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert_f32_close(a, b)
 
 
 def test_shared_prompts_through_the_fused_attention_kernel(tokenizer, monkeypatch):
@@ -192,7 +184,7 @@ def test_shared_prompts_through_the_fused_attention_kernel(tokenizer, monkeypatc
     monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH", 4)
     shared = loss_and_grads(policy, "helper", batch)
     for a, b in zip(shared[:2], whole[:2]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert_f32_close(a, b)
     assert_grads_close(shared[2], whole[2])
 
 
@@ -227,7 +219,7 @@ def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):
     long = loss_and_grads(policy, "helper", batch)
     assert calls
     for a, b in zip(short[:2], long[:2]):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        assert_f32_close(a, b)
     assert_grads_close(long[2], short[2])
 
 
@@ -249,7 +241,7 @@ def test_qwen2_biases_and_grouped_heads(tokenizer):
     fused = loss_and_grads(policy, "main", batch)
     with peft_path(policy):
         reference = loss_and_grads(policy, "main", batch)
-    torch.testing.assert_close(fused[0], reference[0], atol=1e-5, rtol=1e-5)
+    assert_f32_close(fused[0], reference[0])
     assert_grads_close(fused[2], reference[2])
 
 
@@ -262,7 +254,7 @@ def test_lora_dropout_gradient_passes_keep_peft(tokenizer):
         assert policy._fused()  # passes without gradients run without dropout
         fused = policy.score("main", *batch)[0]
     with peft_path(policy), torch.no_grad():
-        torch.testing.assert_close(fused, policy.score("main", *batch)[0], atol=1e-5, rtol=1e-5)
+        assert_f32_close(fused, policy.score("main", *batch)[0])
     policy.eval()
     assert policy._fused()
 
@@ -429,8 +421,8 @@ def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
     p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
     padded = decoder_module.pad_left(p_ids, p_mask, p_ids.shape[1] + 21, tokenizer.pad_token_id)
     assert padded[0].shape[1] == p_ids.shape[1] + 21 and padded[1][:, :21].sum() == 0
-    torch.testing.assert_close(policy.score("main", *padded, r_ids, r_mask)[0],
-                               policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)
+    assert_f32_close(policy.score("main", *padded, r_ids, r_mask)[0],
+                     policy.score("main", p_ids, p_mask, r_ids, r_mask)[0])
 
 
 def test_packed_pass_projects_only_the_unmasked_and_kept_positions(tokenizer, monkeypatch):
@@ -456,7 +448,7 @@ def test_packed_pass_projects_only_the_unmasked_and_kept_positions(tokenizer, mo
     assert rows == [decoder_module.bucket_length(int(p_mask.sum() + r_mask.sum()) + 2)]
     assert rows[0] < wide[0].numel() // 2  # far fewer than the padded batch's positions
     monkeypatch.setattr(decoder_module.F, "linear", real_linear)
-    torch.testing.assert_close(scores, policy.score("main", p_ids, p_mask, r_ids, r_mask)[0], atol=1e-5, rtol=1e-5)
+    assert_f32_close(scores, policy.score("main", p_ids, p_mask, r_ids, r_mask)[0])
 
 
 def test_activation_budget_keeps_the_layers_that_fit(tokenizer, monkeypatch):
