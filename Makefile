@@ -3,7 +3,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.llm-envs-setup
 
-.PHONY: setup demo test test-fast lint bench clean
+# The CPU kernels of an AVX2-only machine (no AVX-512, no AMX, no native bf16), on any x86 CPU:
+# ATen's vectorised kernels at AVX2, oneDNN (bf16 and some float32 matmuls) at AVX2, MKL at AVX2.
+AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# The tests whose numbers depend on the kernels: float32 comparisons of two implementations, the
+# engine's sampling, the learners' smoke and interrupt/resume runs.
+NUMERICS_TESTS := tests/test_decoder.py tests/test_engine.py tests/test_agents.py tests/test_magrpo.py \
+	tests/test_ppo.py tests/test_cory.py tests/test_central_critic.py tests/test_interrupt.py tests/test_tree.py
+
+.PHONY: setup demo test test-fast test-avx2 lint bench clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
@@ -15,6 +23,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+test-avx2: $(STAMP)
+	$(AVX2) HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(NUMERICS_TESTS)
 
 test-fast: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"

@@ -87,7 +87,10 @@ bf16, AMX."""
 def machine_description(dtype: str | torch.dtype | None = None) -> dict[str, Any]:
     """What a benchmark figure was measured on: the CPU model, its ISA flags (:data:`ISA_FLAGS`),
     ATen's kernel set, any kernel restriction, torch's threads, and the dtype of the measured math
-    (``None``: the operation involves no model, e.g. an env step)."""
+    (``None``: the operation involves no model, e.g. an env step; ``"auto"``: what :func:`resolve_dtype`
+    picks for a CPU model here)."""
+    if dtype == "auto":
+        dtype = resolve_dtype(None, torch.device("cpu"))
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from agents.models import machine_description
 from baselines import cory, ppo
 from baselines.metrics import read_metrics
 from baselines.plots import smooth
@@ -137,7 +138,7 @@ def main() -> None:
     plot(runs, FIGURES / "cory_vs_ppo.png", smoothing=3)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps(record, indent=2))
+    print(json.dumps({**record, "machine": machine_description("auto")}))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate import QUESTIONS, bare_loop_ms
 
 from agents import LoraSettings, MultiAgentPolicy, load_model
+from agents.models import machine_description
 from llm_envs.tokenizers import load_tokenizer
 
 STEPS = 48
@@ -85,7 +86,8 @@ def main() -> None:
                 table.setdefault(f"{dtype} {name}", {})[rows] = median_ms(fn, args.repeats)
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
     print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
-                      "steps": STEPS, "threads": torch.get_num_threads()}))
+                      "steps": STEPS, "threads": torch.get_num_threads(),
+                      "machine": machine_description("float32 and bfloat16 (one table each)")}))
 
 
 if __name__ == "__main__":

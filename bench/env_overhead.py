@@ -31,6 +31,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import llm_envs
+from agents.models import machine_description
 from llm_envs.core.parallel import ParallelLLMEnv
 from llm_envs.data import DatasetUnavailableError
 
@@ -150,10 +151,10 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "env_overhead",
         "settings": vars(args),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": {**machine_description(None), "python": platform.python_version(), "cpus": os.cpu_count()},
         "results": results,
         "skipped_no_data_offline": skipped,
-    }, indent=2))
+    }))
 
 
 if __name__ == "__main__":

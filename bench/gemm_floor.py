@@ -7,7 +7,10 @@ input gradient; a frozen base has no weight gradient) for several row counts, in
 A pass over that many packed positions cannot take less than these (docs/agents.md compares).
 Medians of ``--repeats`` runs; prints one JSON object on its last line.
 
-    python bench/gemm_floor.py [--rows 64 256 344 512 768] [--dtype bfloat16] [--repeats 9]
+    python bench/gemm_floor.py [--rows 64 256 344 512 768] [--dtype auto] [--repeats 9]
+
+``--dtype auto`` (the default) is the dtype the learners pick here (``agents.models.resolve_dtype``:
+bfloat16 where the CPU multiplies it natively, float32 elsewhere), so the floor is this machine's.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import statistics
 import time
 
 import torch
+
+from agents.models import machine_description, resolve_dtype
 
 LAYERS = 30
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out) of each projection
@@ -36,12 +41,14 @@ def timed(fn, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256, 344, 512, 768])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype)
+    dtype = resolve_dtype(None if args.dtype == "auto" else args.dtype, torch.device("cpu"))
+    args.dtype = str(dtype).removeprefix("torch.")
     weights = [[torch.randn(o, i, dtype=dtype) for i, o in SHAPES] for _ in range(LAYERS)]
-    result: dict[str, object] = {"dtype": args.dtype, "threads": torch.get_num_threads(), "layers": LAYERS}
+    result: dict[str, object] = {"dtype": args.dtype, "threads": torch.get_num_threads(), "layers": LAYERS,
+                                 "machine": machine_description(dtype)}
     for rows in args.rows:
         xs = [torch.randn(rows, i, dtype=dtype) for i, _ in SHAPES]
         grads = [torch.randn(rows, o, dtype=dtype) for _, o in SHAPES]

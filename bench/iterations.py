@@ -132,8 +132,11 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
+    from agents.models import machine_description
+
     result: dict[str, object] = {"iterations": args.iterations, "rounds": args.rounds,
                                  "threads": torch.get_num_threads(),
+                                 "machine": machine_description("auto"),  # 'after'; 'before' runs float32
                                  "before": BEFORE_COMMIT if args.before == "commit" else "flags"}
     old = worktree(BEFORE_COMMIT) if args.before == "commit" and "before" in args.paths else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp, old as tree:

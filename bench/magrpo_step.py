@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from agents import LoraSettings, MultiAgentPolicy
+from agents.models import machine_description
 from baselines.magrpo import Config
 from baselines.play import rollout
 from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
@@ -61,6 +62,7 @@ def main() -> None:
         "agents": len(agents), "problems": config.num_problems, "G": config.num_generations,
         "max_new_tokens": config.max_new_tokens, "micro_batch_tokens": config.micro_batch_tokens,
         "threads": torch.get_num_threads(),
+        "machine": machine_description(policy.model.get_base_model().dtype),
     }))
 
 

@@ -745,7 +745,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "missing": missing_records(out, c), "commands": completion_commands(c, missing_records(out, c))}
                   for c in COMPARISONS}
         status = 0
-    print(json.dumps(result))
+    from agents.models import machine_description
+
+    print(json.dumps({**result, "machine": machine_description("auto")}))
     return status
 
 

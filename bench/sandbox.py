@@ -27,6 +27,7 @@ import statistics
 import sys
 import time
 
+from agents.models import machine_description
 from llm_envs.rewards.coding import prompt_context
 from llm_envs.sandbox import SandboxJob, SandboxLimits, isolation_report, run_many
 from llm_envs.tasks.coding import _humaneval_rows
@@ -106,6 +107,7 @@ def main() -> None:
     n = len(rows)
     print(json.dumps({
         "programs": n,
+        "machine": machine_description(None),
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "repeats": args.repeats,

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from agents import LoraSettings, MultiAgentPolicy
+from agents.models import machine_description
 from baselines import magrpo, tree
 from baselines.play import rollout
 from llm_envs.core.vector import VectorEnv
@@ -82,6 +83,7 @@ def main() -> None:
         "tree_responses_per_s": round(statistics.median(samples["tree"]), 2),
         "linear_responses_per_s": round(statistics.median(samples["linear"]), 2),
         "backend": policy.backend,
+        "machine": machine_description(policy.model.get_base_model().dtype),
     }
     result["ratio_tree_vs_linear"] = round(result["tree_responses_per_s"] / result["linear_responses_per_s"], 3)
     print(json.dumps(result))

@@ -619,3 +619,24 @@ def test_building_a_policy_warns_about_nothing_the_user_cannot_act_on(tokenizer)
         warnings.simplefilter("error", FutureWarning)
         policy = make_policy(tokenizer)
     assert len(policy.agents) == len(AGENTS)
+
+
+AVX2_RESTRICTION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def test_the_avx2_restriction_takes_effect_and_auto_picks_float32():
+    """What .ci/run's second pass relies on: in a process started with the restriction, ATen runs its
+    AVX2 kernels (whatever the CPU has) and "auto" resolves to float32, as on an AVX2-only CPU."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, torch; from agents.models import resolve_dtype, machine_description; "
+            "print(json.dumps({'kernels': torch.backends.cpu.get_cpu_capability(), "
+            "'dtype': str(resolve_dtype(None, torch.device('cpu'))), 'machine': machine_description('auto')}))")
+    env = {k: v for k, v in os.environ.items() if k != "LLM_ENVS_DTYPE"}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, **AVX2_RESTRICTION}, check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    got = json.loads(out.splitlines()[-1])
+    assert got["kernels"] in ("AVX2", "DEFAULT") and got["dtype"] == "torch.float32"
+    assert got["machine"]["restriction"] == AVX2_RESTRICTION and got["machine"]["dtype"] == "float32"
