@@ -521,19 +521,19 @@ class LettersTask(BuildingTask):
         return solve_letters(problem)
 
     def wrong(self, problem: Problem, build: Build) -> list[str]:
-        """The wrong cells in words, most basic first."""
+        """What is wrong with the build in words: missing palettes, extra blocks, touching blocks alike,
+        then empty glyph cells."""
         targets = set(problem["cells"])
         world = build.world
-        out = [f"{_cell(c)}: empty, expected a block" for c in sorted(targets) if c not in world]
+        used = set(world.values())
+        out = [f"none of builder {i + 1}'s blocks ({', '.join(palette)}) is in the build"
+               for i, palette in enumerate(problem["palettes"]) if not used.intersection(palette)]
         out += [f"{_cell(c)}: {world[c]}, expected empty" for c in sorted(world) if c not in targets]
         for (x, y, z), block in sorted(world.items()):
             for other in ((x + 1, y, z), (x, y + 1, z)):
                 if world.get(other) == block:
                     out.append(f"{_cell((x, y, z))} and {_cell(other)}: both {block}, expected different blocks")
-        used = set(world.values())
-        for i, palette in enumerate(problem["palettes"]):
-            if not used.intersection(palette):
-                out.append(f"none of builder {i + 1}'s blocks ({', '.join(palette)}) is in the build")
+        out += [f"{_cell(c)}: empty, expected a block" for c in sorted(targets) if c not in world]
         return out
 
     def feedback(
