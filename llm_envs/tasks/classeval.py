@@ -200,9 +200,10 @@ def diagnostics(score: ClassScore, role_index: int, roles: Sequence[str] = ROLES
     for test_id, outcome in failed[:MAX_FAILED_TESTS_SHOWN]:
         message = outcome.message
         prefix = f"expected {PASSED!r}, got "
-        if message.startswith(prefix):
-            message = message[len(prefix):].strip("'\"")
-        lines.append(f"  {test_id}: {outcome.status}: {message}")
+        if message.startswith(prefix):  # the harness's verdict: "failed: ...", "error: ...", "skipped"
+            lines.append(f"  {test_id}: {message[len(prefix):].strip(chr(34) + chr(39))}")
+        else:
+            lines.append(f"  {test_id}: {outcome.status}: {message}")
     if len(failed) > MAX_FAILED_TESTS_SHOWN:
         lines.append(f"  ... and {len(failed) - MAX_FAILED_TESTS_SHOWN} more")
     return lines
