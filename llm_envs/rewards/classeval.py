@@ -125,7 +125,7 @@ def assign_methods(methods: Sequence[tuple[str, bool]], rule: str, num_agents: i
 
     >>> m = [("get", True), ("add", False), ("clear", True), ("set", False)]
     >>> assign_methods(m, "reference"), assign_methods(m, "round_robin"), assign_methods(m, "by_name")
-    ((0, 1, 0, 1), (0, 1, 0, 1), (0, 0, 1, 1))
+    ((0, 1, 0, 1), (0, 1, 0, 1), (1, 0, 0, 1))
     """
     if rule == "reference":
         return tuple(0 if self_only else 1 for _, self_only in methods)
