@@ -59,6 +59,164 @@ def hub_fixture_rows(env_id: str) -> list[dict] | None:
         return coophumaneval_rows()
     if env_id == "coding/mbpp-v0":
         return mbpp_rows()
+    if env_id == "coding/classeval-v0":
+        return classeval_rows()
     return None
 
 
+
+
+# ClassEval (FudanSELab/ClassEval, split "test"): hand-written classes in its schema, each repeated under
+# numbered class names to make the dataset's 100 rows (train = rows 0-65, eval = rows 66-81).
+COUNTER_SKELETON = '''class Counter:
+    """A counter of events."""
+
+    def __init__(self, start=0):
+        self.value = start
+
+    def get(self):
+        """The current value."""
+
+    def reset(self):
+        """Set the value to 0 and return it."""
+        pass
+
+    def add(self, n):
+        """Add n to the value and return the new value."""
+        raise NotImplementedError
+'''
+COUNTER_SOLUTION = '''class Counter:
+    """A counter of events."""
+
+    def __init__(self, start=0):
+        self.value = start
+
+    def get(self):
+        return self.value
+
+    def reset(self):
+        self.value = 0
+        return self.value
+
+    def add(self, n):
+        self.value += n
+        return self.value
+'''
+COUNTER_TEST = '''import unittest
+
+
+class CounterTestGet(unittest.TestCase):
+    def test_get(self):
+        self.assertEqual(Counter(3).get(), 3)
+
+    def test_reset(self):
+        counter = Counter(5)
+        self.assertEqual(counter.reset(), 0)
+        self.assertEqual(counter.get(), 0)
+
+
+class CounterTestAdd(unittest.TestCase):
+    def test_add(self):
+        counter = Counter(1)
+        self.assertEqual(counter.add(2), 3)
+        self.assertEqual(counter.get(), 3)
+
+    def test_add_negative(self):
+        self.assertEqual(Counter().add(-4), -4)
+'''
+STACK_SKELETON = '''import copy
+
+
+class Stack:
+    """A last-in first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        """Put item on top."""
+
+    def pop(self):
+        """Remove and return the top item (None when empty)."""
+
+    def size(self):
+        """How many items."""
+        ...
+
+    @staticmethod
+    def merge(first, second):
+        """A new list: first's items then second's."""
+'''
+STACK_SOLUTION = '''import copy
+
+
+class Stack:
+    """A last-in first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        return self.items.pop() if self.items else None
+
+    def size(self):
+        return len(self.items)
+
+    @staticmethod
+    def merge(first, second):
+        return copy.copy(first) + list(second)
+'''
+STACK_TEST = '''import unittest
+
+
+class StackTest(unittest.TestCase):
+    def setUp(self):
+        self.stack = Stack()
+
+    def test_push_pop(self):
+        self.stack.push(1)
+        self.stack.push(2)
+        self.assertEqual(self.stack.pop(), 2)
+
+    def test_pop_empty(self):
+        self.assertIsNone(self.stack.pop())
+
+    def test_size(self):
+        self.stack.push("a")
+        self.assertEqual(self.stack.size(), 1)
+
+    def test_merge(self):
+        self.assertEqual(Stack.merge([1], (2, 3)), [1, 2, 3])
+'''
+CLASSEVAL_TEMPLATES = (
+    ("Counter", COUNTER_SKELETON, COUNTER_TEST, COUNTER_SOLUTION, ("get", "reset", "add")),
+    ("Stack", STACK_SKELETON, STACK_TEST, STACK_SOLUTION, ("push", "pop", "size", "merge")),
+)
+
+
+def classeval_row(index: int, name: str, skeleton: str, test: str, solution: str, methods: tuple[str, ...],
+                  suffix: str = "") -> dict:
+    """One row in the schema of ``FudanSELab/ClassEval`` (class ``name`` renamed ``name + suffix``)."""
+    import re
+
+    new = name + suffix
+
+    def rename(text: str) -> str:
+        return re.sub(rf"\b{name}\b", new, text)
+
+    imports = [line for line in skeleton.splitlines() if line.startswith(("import ", "from "))]
+    return {
+        "task_id": f"ClassEval_{index}", "class_name": new, "skeleton": rename(skeleton), "test": rename(test),
+        "solution_code": rename(solution), "class_description": f"class {new}", "import_statement": imports,
+        "class_constructor": "", "fields": [], "test_classes": [],
+        "methods_info": [{"method_name": m, "method_description": "", "test_class": "", "test_code": "",
+                          "solution_code": "", "dependencies": {}} for m in methods],
+    }
+
+
+def classeval_rows() -> list[dict]:
+    """100 rows in the schema of ``FudanSELab/ClassEval`` (split ``test``)."""
+    return [classeval_row(i, *CLASSEVAL_TEMPLATES[i % len(CLASSEVAL_TEMPLATES)], suffix=str(i)) for i in range(100)]
