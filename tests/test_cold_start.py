@@ -19,7 +19,7 @@ from baselines.metrics import METRICS_FILE, read_metrics
 
 TRAIN = [
     "train", "magrpo", "--preset", "demo", "--num-iterations", "1", "--num-problems", "1", "--num-generations", "2",
-    "--max-new-tokens", "8", "--num-eval-problems", "1", "--no-tensorboard", "--no-progress",
+    "--max-new-tokens", "8", "--num-eval-problems", "0", "--no-tensorboard", "--no-progress",
 ]
 
 
@@ -42,4 +42,4 @@ def test_a_cold_conversion_and_a_warm_load_give_the_same_run(tmp_path):
         return [{k: v for k, v in row.items() if not any(t in k for t in timing)} for row in rows]
 
     assert numbers(cold) == numbers(warm)
-    assert any("reward/total" in row for row in cold) and any("eval/total" in row for row in cold)
+    assert any("reward/total" in row for row in cold)
