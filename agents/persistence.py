@@ -1,0 +1,204 @@
+"""Persistence: a policy's trained state (``state``), written to a directory (``save``: one
+safetensors file per agent's adapter and value head, then ``policy.json``) and read back (``load``:
+everything checked before any weight changes)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.settings import LoraSettings
+
+CHECKPOINT_FORMAT = "llm-envs-policy-v1"
+MANIFEST_NAME = "policy.json"
+
+
+class PersistenceMixin:
+    """``state``, ``save`` and ``load`` of :class:`agents.policy.MultiAgentPolicy`."""
+
+    def _manifest(self) -> dict[str, Any]:
+        config = self._causal_lm.config
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "agents": list(self.agents),
+            "mode": "full" if self.lora is None else "lora",
+            "lora": None if self.lora is None else _lora_json(self.lora),
+            "value_head": self.value_heads is not None,
+            "base_model": {
+                "model_type": getattr(config, "model_type", None),
+                "name_or_path": getattr(config, "_name_or_path", None),
+                "vocab_size": self.vocab_size,
+                "hidden_size": int(self._causal_lm.get_input_embeddings().embedding_dim),
+            },
+        }
+
+    def _agent_state(self, agent: str) -> dict[str, torch.Tensor]:
+        if self.lora is None:
+            return {n: p for n, p in self.model.state_dict().items()}
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(self.model, adapter_name=agent)
+
+    def state(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """A copy of everything :meth:`save` writes, as ``{file name: {key: CPU tensor}}``: the trained
+        state at one moment, which later updates do not change (``save(dir, state)`` writes it).
+        ``agents``: only these agents' files (all by default)."""
+        files: dict[str, dict[str, torch.Tensor]] = {}
+        for agent in self.agents if agents is None else agents:
+            self._check_agent(agent)
+            state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._agent_state(agent).items()}
+            if self.lora is None:
+                state = _untie(state)
+            files[f"{agent}.adapter.safetensors"] = state
+            if self.value_heads is not None:
+                files[f"{agent}.value_head.safetensors"] = {
+                    k: v.detach().to("cpu", copy=True).contiguous()
+                    for k, v in self.value_heads[agent].state_dict().items()
+                }
+        return files
+
+    def save(
+        self, directory: str | os.PathLike[str], state: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    ) -> Path:
+        """Write each agent's adapter (``<agent>.adapter.safetensors``; the whole model under full
+        fine-tuning) and value head, then ``policy.json`` naming agents and settings. Returns the dir.
+        ``state``: a :meth:`state` taken earlier, written instead of the live weights."""
+        from safetensors.torch import save_file
+
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        files = self.state() if state is None else state
+        for name, tensors in files.items():
+            tmp = root / f".{name}.tmp"
+            save_file(dict(tensors), str(tmp))
+            os.replace(tmp, root / name)
+        # The manifest goes last: a directory without it is an unfinished save.
+        tmp = root / f".{MANIFEST_NAME}.tmp"
+        tmp.write_text(json.dumps(self._manifest(), indent=2))
+        os.replace(tmp, root / MANIFEST_NAME)
+        return root
+
+    def load(self, directory: str | os.PathLike[str]) -> None:
+        """Load a :meth:`save` directory into this policy. Everything is read and checked (agent names,
+        mode, LoRA settings, base model, tensor names and shapes) before any weight changes."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        root = Path(directory)
+        manifest_path = root / MANIFEST_NAME
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{manifest_path} not found: {str(root)!r} is not a saved policy")
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"corrupt checkpoint manifest {manifest_path}: {err}") from err
+        if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{manifest_path} is not a {CHECKPOINT_FORMAT} manifest: {manifest!r:.200}")
+        ours = self._manifest()
+        if sorted(manifest.get("agents", [])) != sorted(self.agents):
+            raise ValueError(
+                f"checkpoint {str(root)!r} holds agents {manifest.get('agents')}, this policy has {list(self.agents)}"
+            )
+        for key in ("mode", "lora", "value_head", "base_model"):
+            theirs, mine = manifest.get(key), ours[key]
+            if key == "base_model" and isinstance(theirs, dict):
+                # Same architecture is what matters; a renamed local copy of the model is fine.
+                theirs = {k: v for k, v in theirs.items() if k != "name_or_path"}
+                mine = {k: v for k, v in mine.items() if k != "name_or_path"}
+            if theirs != mine:
+                raise ValueError(f"checkpoint {str(root)!r} has {key}={theirs!r}, this policy has {key}={mine!r}")
+
+        staged: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]] = {}
+        for agent in self.agents:
+            parts = []
+            for kind, expected in (
+                ("adapter", self._agent_state(agent)),
+                ("value_head", None if self.value_heads is None else self.value_heads[agent].state_dict()),
+            ):
+                if expected is None:
+                    parts.append(None)
+                    continue
+                path = root / f"{agent}.{kind}.safetensors"
+                try:
+                    state = load_file(str(path), device="cpu")
+                except FileNotFoundError as err:
+                    raise FileNotFoundError(f"checkpoint file {path} is missing") from err
+                except (SafetensorError, OSError, ValueError) as err:
+                    raise ValueError(f"corrupt checkpoint file {path}: {err}") from err
+                if self.lora is None:
+                    state = _retie(state, expected)
+                _check_state(path, state, expected)
+                parts.append(state)
+            staged[agent] = (parts[0], parts[1])
+
+        with torch.no_grad():
+            for agent, (adapter, head) in staged.items():
+                if self.lora is None:
+                    self.model.load_state_dict(adapter)
+                else:
+                    from peft import set_peft_model_state_dict
+
+                    result = set_peft_model_state_dict(self.model, adapter, adapter_name=agent)
+                    if result.unexpected_keys:
+                        raise RuntimeError(f"PEFT did not place {result.unexpected_keys[:5]} for agent {agent!r}")
+                if head is not None:
+                    self.value_heads[agent].load_state_dict(head)
+        # load_state_dict keeps the Parameter objects, so optimizers built earlier still hold them.
+        active, self._active = self._active, None
+        self._set_agent(active or self.agents[0])
+
+
+def _lora_json(lora: LoraSettings) -> dict[str, Any]:
+    data = asdict(lora)
+    if not isinstance(data["target_modules"], str):
+        data["target_modules"] = list(data["target_modules"])
+    return data
+
+
+
+def _check_state(path: Path, state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{k}: {tuple(state[k].shape)} in the file, {tuple(expected[k].shape)} here"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"checkpoint file {path} does not fit this policy: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, wrong shapes {wrong[:5]}"
+        )
+
+
+
+def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors refuses tensors that share memory (tied embeddings): store each once."""
+    seen: dict[int, str] = {}
+    out = {}
+    for key, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen[ptr] = key
+        out[key] = tensor
+    return out
+
+
+def _retie(state: dict[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of :func:`_untie` against the live state dict: fill keys that alias a saved tensor."""
+    ptrs = {tensor.untyped_storage().data_ptr(): key for key, tensor in expected.items() if key in state}
+    out = dict(state)
+    for key, tensor in expected.items():
+        if key not in out:
+            source = ptrs.get(tensor.untyped_storage().data_ptr())
+            if source is not None:
+                out[key] = state[source]
+    return out
+
