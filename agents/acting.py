@@ -4,6 +4,7 @@ response or token mode, with Dict or flat observations."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -51,12 +52,10 @@ class ActingMixin:
         Only the columns that are padding in every row are dropped before generating, so the result
         does not depend on how much left padding the env adds.
         """
-        settings = sampling if sampling is not None else self.sampling
-        if not isinstance(settings, Sampling):
-            raise TypeError(f"sampling must be a Sampling, got {settings!r}")
-        length = settings.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling, got {sampling!r}")
         if agent is not None:
-            return self.act({agent: observations}, max_new_tokens=length, sampling=settings, env=env)[agent]
+            return self.act({agent: observations}, max_new_tokens=max_new_tokens, sampling=sampling, env=env)[agent]
         if not isinstance(observations, Mapping):
             raise TypeError(f"observations must be a mapping agent -> observation, got {type(observations)}")
         if "observation" in observations and not isinstance(observations["observation"], Mapping):
@@ -69,23 +68,18 @@ class ActingMixin:
             raise ValueError(
                 f"observations mix token mode (with action_mask) and response mode: {sorted(token_mode.items())}"
             )
+        # Each agent's own settings (policy.sampling_of) unless one is given for all.
+        settings = {name: sampling if sampling is not None else self.sampling_of[name] for name in parts}
         if next(iter(token_mode.values())):
             return self._act_tokens(parts, settings)
+        if max_new_tokens is not None:
+            settings = {name: replace(s, max_new_tokens=max_new_tokens) for name, s in settings.items()}
         prompts = {name: strip_left(p["observation"], p["attention_mask"]) for name, p in parts.items()}
-        generations = self.generate_joint(
-            prompts,
-            1,
-            max_new_tokens=length,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            top_k=settings.top_k,
-            repetition_penalty=settings.repetition_penalty,
-            greedy=settings.greedy,
-        )
+        generations = self.generate_joint(prompts, 1, sampling=settings)
         actions = {}
         for name, gen in generations.items():
-            resp = gen.response_ids
-            padded = resp.new_full((len(resp), length), self.pad_token_id)
+            resp, length = gen.response_ids, settings[name].max_new_tokens
+            padded = resp.new_full((len(resp), length), self._group_of[name].pad_token_id)
             padded[:, : resp.shape[1]] = resp
             action = padded.cpu().numpy().astype(np.int64)
             actions[name] = action if parts[name]["batched"] else action[0]
@@ -123,15 +117,16 @@ class ActingMixin:
         if "action_mask" in obs:
             legal = to_tensor(obs["action_mask"], f"action_mask of agent {name!r}")
             legal = legal.reshape(-1, legal.shape[-1])
-            if len(legal) != len(out["observation"]) or legal.shape[-1] > self.vocab_size:
+            vocab_size = self._group_of[name].vocab_size
+            if len(legal) != len(out["observation"]) or legal.shape[-1] > vocab_size:
                 raise ValueError(
                     f"action_mask of agent {name!r} has shape {tuple(legal.shape)}: expected one row of at most "
-                    f"{self.vocab_size} entries per observation row ({len(out['observation'])})"
+                    f"{vocab_size} entries per observation row ({len(out['observation'])})"
                 )
             out["action_mask"] = legal != 0
         return out
 
-    def _act_tokens(self, parts: Mapping[str, dict[str, Any]], settings: Sampling) -> dict[str, Any]:
+    def _act_tokens(self, parts: Mapping[str, dict[str, Any]], settings: Mapping[str, Sampling]) -> dict[str, Any]:
         """Token mode: one token per row, within its action mask (see :meth:`act`)."""
         chosen: dict[str, np.ndarray] = {}
         prompts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -157,20 +152,13 @@ class ActingMixin:
                 open_rows[name] = rows
                 prompts[name] = strip_left(p["observation"][rows], p["attention_mask"][rows])
         if prompts:
-            generations = self.generate_joint(
-                prompts,
-                1,
-                max_new_tokens=1,
-                temperature=settings.temperature,
-                top_p=settings.top_p,
-                top_k=settings.top_k,
-                repetition_penalty=settings.repetition_penalty,
-                greedy=settings.greedy,
-            )
-            eos = torch.tensor(self.eos_token_ids)
+            one_token = {name: replace(settings[name], max_new_tokens=1, stop=()) for name in prompts}
+            generations = self.generate_joint(prompts, 1, sampling=one_token)
             for name, gen in generations.items():
+                group = self._group_of[name]
+                eos = torch.tensor(group.eos_token_ids)
                 token = gen.response_ids[:, 0].cpu()
-                token = torch.where(torch.isin(token, eos), torch.full_like(token, self.pad_token_id), token)
+                token = torch.where(torch.isin(token, eos), torch.full_like(token, group.pad_token_id), token)
                 chosen[name][open_rows[name].cpu().numpy()] = token.numpy()
         return {name: chosen[name] if parts[name]["batched"] else int(chosen[name][0]) for name in parts}
 

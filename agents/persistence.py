@@ -23,27 +23,33 @@ class PersistenceMixin:
     """``state``, ``save`` and ``load`` of :class:`agents.policy.MultiAgentPolicy`."""
 
     def _manifest(self) -> dict[str, Any]:
-        config = self._causal_lm.config
+        full = [self.lora_of[a] is None for a in self.agents]
+        one = self.groups[0] if len(self.groups) == 1 else None
         return {
             "format": CHECKPOINT_FORMAT,
             "agents": list(self.agents),
-            "mode": "full" if self.lora is None else "lora",
+            "mode": "full" if all(full) else "lora" if not any(full) else "mixed",
             "lora": None if self.lora is None else _lora_json(self.lora),
             "value_head": self.value_heads is not None,
-            "base_model": {
-                "model_type": getattr(config, "model_type", None),
-                "name_or_path": getattr(config, "_name_or_path", None),
-                "vocab_size": self.vocab_size,
-                "hidden_size": int(self._causal_lm.get_input_embeddings().embedding_dim),
+            "base_model": None if one is None else one.describe(),
+            # Each agent's base, tokenizer and adapter settings (a team may differ in all three).
+            "team": {
+                agent: {
+                    "base": self._group_of[agent].describe(),
+                    "tokenizer": self._group_of[agent].tokenizer_record(),
+                    "lora": None if self.lora_of[agent] is None else _lora_json(self.lora_of[agent]),
+                }
+                for agent in self.agents
             },
         }
 
     def _agent_state(self, agent: str) -> dict[str, torch.Tensor]:
-        if self.lora is None:
-            return {n: p for n, p in self.model.state_dict().items()}
+        group = self._group_of[agent]
+        if group.full:
+            return {n: p for n, p in group.model.state_dict().items()}
         from peft import get_peft_model_state_dict
 
-        return get_peft_model_state_dict(self.model, adapter_name=agent)
+        return get_peft_model_state_dict(group.model, adapter_name=agent)
 
     def state(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
         """A copy of everything :meth:`save` writes, as ``{file name: {key: CPU tensor}}``: the trained
@@ -53,7 +59,7 @@ class PersistenceMixin:
         for agent in self.agents if agents is None else agents:
             self._check_agent(agent)
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in self._agent_state(agent).items()}
-            if self.lora is None:
+            if self._group_of[agent].full:
                 state = _untie(state)
             files[f"{agent}.adapter.safetensors"] = state
             if self.value_heads is not None:
@@ -105,8 +111,14 @@ class PersistenceMixin:
             raise ValueError(
                 f"checkpoint {str(root)!r} holds agents {manifest.get('agents')}, this policy has {list(self.agents)}"
             )
+        team = manifest.get("team")
+        if isinstance(team, dict):  # each agent's base and tokenizer, named in the error
+            for agent in self.agents:
+                check_agent_record(root, agent, team.get(agent), ours["team"][agent])
         for key in ("mode", "lora", "value_head", "base_model"):
             theirs, mine = manifest.get(key), ours[key]
+            if key == "base_model" and (theirs is None or mine is None) and isinstance(team, dict):
+                continue  # a team: compared agent by agent above
             if key == "base_model" and isinstance(theirs, dict):
                 # Same architecture is what matters; a renamed local copy of the model is fine.
                 theirs = {k: v for k, v in theirs.items() if k != "name_or_path"}
@@ -131,7 +143,7 @@ class PersistenceMixin:
                     raise FileNotFoundError(f"checkpoint file {path} is missing") from err
                 except (SafetensorError, OSError, ValueError) as err:
                     raise ValueError(f"corrupt checkpoint file {path}: {err}") from err
-                if self.lora is None:
+                if self._group_of[agent].full:
                     state = _retie(state, expected)
                 _check_state(path, state, expected)
                 parts.append(state)
@@ -139,19 +151,38 @@ class PersistenceMixin:
 
         with torch.no_grad():
             for agent, (adapter, head) in staged.items():
-                if self.lora is None:
-                    self.model.load_state_dict(adapter)
+                group = self._group_of[agent]
+                if group.full:
+                    group.model.load_state_dict(adapter)
                 else:
                     from peft import set_peft_model_state_dict
 
-                    result = set_peft_model_state_dict(self.model, adapter, adapter_name=agent)
+                    result = set_peft_model_state_dict(group.model, adapter, adapter_name=agent)
                     if result.unexpected_keys:
                         raise RuntimeError(f"PEFT did not place {result.unexpected_keys[:5]} for agent {agent!r}")
                 if head is not None:
                     self.value_heads[agent].load_state_dict(head)
         # load_state_dict keeps the Parameter objects, so optimizers built earlier still hold them.
-        active, self._active = self._active, None
-        self._set_agent(active or self.agents[0])
+        for group in self.groups:
+            active, group.active = group.active, None
+            group.set_agent(active or group.agents[0])
+
+
+def check_agent_record(root: Path, agent: str, theirs: Any, mine: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint whose ``agent`` was trained on another base, tokenizer or adapter shape
+    than this policy gives it (a renamed local copy of the same model is fine: names are not compared)."""
+    if not isinstance(theirs, dict):
+        raise ValueError(f"checkpoint {str(root)!r} records no base for agent {agent!r}")
+
+    def strip(record: Any) -> Any:
+        return {k: v for k, v in record.items() if k != "name_or_path"} if isinstance(record, dict) else record
+
+    for key, what in (("base", "base model"), ("tokenizer", "tokenizer"), ("lora", "LoRA settings")):
+        if strip(theirs.get(key)) != strip(mine[key]):
+            raise ValueError(
+                f"checkpoint {str(root)!r}: agent {agent!r} was trained with {what} {theirs.get(key)!r}, this policy "
+                f"gives it {mine[key]!r}; build the policy with the agent's own {what} (or a fresh run)"
+            )
 
 
 def _lora_json(lora: LoraSettings) -> dict[str, Any]:

@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import os
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -60,11 +58,11 @@ from torch import nn
 from agents.acting import ActingMixin
 from agents.generation import Generation, GenerationMixin
 from agents.memory import tune_allocator
-from agents.models import load_model
 from agents.persistence import CHECKPOINT_FORMAT, MANIFEST_NAME, PersistenceMixin
 from agents.rows import ArrayLike, check_rows
 from agents.scoring import ScoringMixin
 from agents.settings import DEFAULT_LORA, DEFAULT_SAMPLING, LoraSettings, Sampling, check_agent_names
+from agents.team import BaseGroup, is_name, per_agent, resolve_models, team_of
 from llm_envs.tokenizers import load_tokenizer
 
 __all__ = [
@@ -75,24 +73,30 @@ BACKENDS = ("auto", "engine", "generate")
 
 
 class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMixin):
-    """One base causal LM, one LoRA adapter (and optional value head) per agent; see the module docs.
+    """One LoRA adapter (and optional value head) per agent on a base causal LM, or a team of bases;
+    see the module docs and :mod:`agents.team`.
 
     Args:
-        model: a ``transformers`` causal LM (``agents.models.load_model``). It is wrapped by PEFT in place.
-        tokenizer: the tokenizer whose ids the envs emit (``llm_envs.tokenizers.load_tokenizer``); used
-            for the pad and EOS ids and to check that the vocabularies agree.
+        model: a ``transformers`` causal LM (``agents.models.load_model``), wrapped by PEFT in place; or
+            a mapping agent -> model (objects, or names / local paths loaded with ``load_model``): the
+            agents that share a model object form a group that decodes together (:mod:`agents.team`).
+        tokenizer: the tokenizer whose ids the envs emit (``llm_envs.tokenizers.load_tokenizer``), or a
+            mapping agent -> tokenizer (objects or names); used for the pad and EOS ids and to check
+            that each agent's tokenizer fits its model.
         agents: env agent names; each names its adapter. No dots (PEFT module keys), no duplicates.
-        lora: adapter settings, or ``None`` for full fine-tuning of a single agent.
-        value_head: add a trainable ``Linear(hidden, 1)`` per agent (PPO, CORY).
-        sampling: defaults for :meth:`act`.
+        lora: adapter settings, ``None`` for full fine-tuning of a single agent, or a mapping agent ->
+            settings (its own rank and alpha) or ``None`` (that agent alone fully fine-tuned, on a
+            trainable copy of its base).
+        value_head: add a trainable ``Linear(hidden, 1)`` per agent (PPO, CORY), of its base's width.
+        sampling: defaults for :meth:`act`: one :class:`Sampling` or a mapping agent -> Sampling.
         mixed_batches: with the ``generate`` backend, run all agents' rows through one ``generate``
             call (PEFT mixed-adapter batches) instead of one call per agent.
         backend: ``"auto"`` (default): the rollout engine (:mod:`agents.engine`: all agents' rows in
-            one decode loop) when it supports the model, else ``transformers``' ``generate``;
-            ``"engine"`` (an error if unsupported) or ``"generate"``. With the engine, scoring and
-            training passes also run through its fused forward (:mod:`agents.decoder`; the model's own
-            forward through PEFT for LoRA dropout in gradient passes and for full fine-tuning); with
-            ``"generate"``, through the model's own forward.
+            one decode loop) when it supports the model, else ``transformers``' ``generate`` (per group
+            of a team); ``"engine"`` (an error if unsupported) or ``"generate"``. With the engine,
+            scoring and training passes also run through its fused forward (:mod:`agents.decoder`; the
+            model's own forward through PEFT for LoRA dropout in gradient passes and for full
+            fine-tuning); with ``"generate"``, through the model's own forward.
         gradient_checkpointing: in the fused forward's gradient passes, recompute each layer in the
             backward instead of keeping its activations (less memory, ~20% more update time).
         activation_budget_mb: with ``gradient_checkpointing``, the megabytes of activations a gradient
@@ -102,6 +106,7 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         share_prompts: in the fused forward, compute a prompt that several rows of a pass repeat once
             (MAGRPO's G samples of a problem; docs/agents.md). ``False`` computes every row whole: the
             same numbers up to rounding, and the same rounding whatever else is in the pass.
+        dtype, device: for models given by name (``load_model``); ``device`` may map agent -> device.
     """
 
     def __init__(
@@ -110,89 +115,87 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         tokenizer: Any,
         agents: Sequence[str],
         *,
-        lora: LoraSettings | None = DEFAULT_LORA,
+        lora: LoraSettings | Mapping[str, LoraSettings | None] | None = DEFAULT_LORA,
         value_head: bool = False,
-        sampling: Sampling = DEFAULT_SAMPLING,
+        sampling: Sampling | Mapping[str, Sampling] = DEFAULT_SAMPLING,
         mixed_batches: bool = True,
         backend: str = "auto",
         gradient_checkpointing: bool = True,
         activation_budget_mb: float = 0.0,
         share_prompts: bool = True,
+        dtype: str | torch.dtype | None = None,
+        device: str | torch.device | Mapping[str, str | torch.device | None] | None = None,
     ) -> None:
         self.agents: tuple[str, ...] = check_agent_names(agents)
         tune_allocator()  # large activations reused, not page-faulted in again (agents/memory.py)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if lora is not None and not isinstance(lora, LoraSettings):
-            raise TypeError(f"lora must be a LoraSettings or None (full fine-tuning), got {lora!r}")
+        loras = per_agent(lora, self.agents, "lora")
+        for agent, settings in loras.items():
+            if settings is not None and not isinstance(settings, LoraSettings):
+                raise TypeError(f"lora of agent {agent!r} must be a LoraSettings or None (full fine-tuning), "
+                                f"got {settings!r}")
         if lora is None and len(self.agents) != 1:
             raise ValueError(
                 f"full fine-tuning (lora=None) supports exactly one agent, got {list(self.agents)}; "
-                "use LoRA adapters to train several agents on one base model"
+                "use LoRA adapters to train several agents on one base model, or lora={agent: None, ...} to "
+                "fully fine-tune one agent on its own copy of the base"
             )
-        if not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be a Sampling, got {sampling!r}")
-        self.lora = lora
-        self.sampling = sampling
+        samplings = per_agent(sampling, self.agents, "sampling")
+        for agent, settings in samplings.items():
+            if not isinstance(settings, Sampling):
+                raise TypeError(f"sampling of agent {agent!r} must be a Sampling, got {settings!r}")
+        self.lora = lora if not isinstance(lora, Mapping) else None
+        """The LoRA settings when every agent shares them (``None`` under full fine-tuning or per-agent settings)."""
+        self.lora_of: dict[str, LoraSettings | None] = loras
+        """agent -> its LoRA settings (``None``: fully fine-tuned)."""
+        self.sampling = sampling if isinstance(sampling, Sampling) else samplings[self.agents[0]]
+        self.sampling_of: dict[str, Sampling] = samplings
+        """agent -> its default sampling settings (:meth:`act`)."""
         self.mixed_batches = bool(mixed_batches)
-        self.tokenizer = tokenizer
 
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        if len(tokenizer) > self.vocab_size:
-            raise ValueError(
-                f"tokenizer has {len(tokenizer)} tokens but the model's embedding has {self.vocab_size} rows: "
-                "they do not belong together"
+        devices = per_agent(device, self.agents, "device", kinds=(str, torch.device))
+        models = resolve_models(per_agent(model, self.agents, "model"), dtype, devices)
+        tokenizers = per_agent(tokenizer, self.agents, "tokenizer")
+        named: dict[str, Any] = {}
+        for agent, tok in tokenizers.items():
+            if tok is None or is_name(tok):
+                key = str(tok)
+                if key not in named:
+                    named[key] = load_tokenizer(tok)
+                tokenizers[agent] = named[key]
+        groups = team_of(self.agents, models, {a: loras[a] is not None for a in self.agents})
+        owners: dict[int, str] = {}
+        self.groups: list[BaseGroup] = []
+        self._group_of: dict[str, BaseGroup] = {}
+        for members in groups:
+            first = members[0]
+            base = models[first]
+            if loras[first] is None and id(base) in owners:
+                base = copy.deepcopy(base)  # a fully fine-tuned agent owns its copy of a shared base
+            owners.setdefault(id(models[first]), first)
+            toks = {tokenizers[a] for a in members}
+            if len(toks) > 1:
+                ids = {a: (len(tokenizers[a]), tokenizers[a].pad_token_id, tokenizers[a].eos_token_id) for a in members}
+                if len(set(ids.values())) > 1:
+                    raise ValueError(
+                        f"agents {list(members)} share one base model but their tokenizers differ (size, pad id, "
+                        f"EOS id: {ids}); give agents with different tokenizers different models"
+                    )
+            group = BaseGroup(
+                base, tokenizers[first], members,
+                None if loras[first] is None else {a: loras[a] for a in members}, backend,
             )
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise ValueError("the tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token")
-        self.pad_token_id = int(pad)
-        eos: set[int] = set()
-        for source in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            if isinstance(source, int):
-                eos.add(source)
-            elif source is not None:
-                eos.update(int(i) for i in source)
-        if not eos:
-            raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
-        self.eos_token_ids: tuple[int, ...] = tuple(sorted(eos))
+            self.groups.append(group)
+            for agent in members:
+                self._group_of[agent] = group
 
-        self.device = next(model.parameters()).device
-        for param in model.parameters():
-            param.requires_grad_(False)
-        self._reference: Any = None
-        if lora is None:
-            self._reference = copy.deepcopy(model).eval()
-            self.model = model
-            self._causal_lm = model
-            for param in model.parameters():
-                param.requires_grad_(True)
-        else:
-            from peft import get_peft_model
-
-            with warnings.catch_warnings():
-                # PEFT reads transformers' deprecated ``is_gradient_checkpointing``: a FutureWarning on
-                # every run that the user can do nothing about.
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                self.model = get_peft_model(model, lora.peft_config(), adapter_name=self.agents[0])
-            for name in self.agents[1:]:
-                self.model.add_adapter(name, lora.peft_config())
-            self._causal_lm = self.model.get_base_model()
-        self._active: str | None = None
-        self._adapter_params: dict[str, list[nn.Parameter]] = {a: self._collect_adapter_params(a) for a in self.agents}
-        self._set_agent(self.agents[0])
-
-        hidden = int(model.get_input_embeddings().embedding_dim)
         self.value_heads: nn.ModuleDict | None = None
         if value_head:
-            self.value_heads = nn.ModuleDict({a: nn.Linear(hidden, 1) for a in self.agents}).to(self.device)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(self._causal_lm.forward).parameters
-        # LoRA's dropout modules: the only modules train() switches to training mode.
-        self._lora_dropouts: list[nn.Module] = [
-            module for name, module in self.model.named_modules() if name.rsplit(".", 2)[-2:-1] == ["lora_dropout"]
-        ]
+            self.value_heads = nn.ModuleDict(
+                {a: nn.Linear(self._group_of[a].hidden_size, 1).to(self._group_of[a].device) for a in self.agents}
+            )
         self._training = False
-        self.model.eval()
         self.gradient_checkpointing = bool(gradient_checkpointing)
         """Gradient passes of the fused forward recompute each layer in the backward instead of keeping
         its activations (docs/agents.md: about 1/10 of the update's memory for ~20% more update time)."""
@@ -205,77 +208,94 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         self.share_prompts = bool(share_prompts)
         """Passes of the fused forward compute a prompt that several rows repeat once (MAGRPO's G samples
         of a problem); ``False`` computes every row whole (the same numbers, up to rounding)."""
-        from agents.engine import RolloutEngine, engine_support
-
-        self.engine: RolloutEngine | None = None
-        reason = engine_support(self.model) if backend != "generate" else "backend='generate' was chosen"
-        if backend == "engine" and reason is not None:
-            raise ValueError(f"backend='engine' cannot decode this model: {reason}; use backend='generate'")
-        if reason is None:
-            self.engine = RolloutEngine(self.model, trainable_base=lora is None)
-        self.backend = "engine" if self.engine is not None else "generate"
-        """The generation backend in use: ``"engine"`` or ``"generate"``."""
-        self.backend_reason = reason
-        """Why the engine is not in use (``None`` when it is)."""
 
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_pretrained(
         cls,
         agents: Sequence[str],
-        model: str | os.PathLike[str] | None = None,
+        model: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str] | None] | None = None,
         *,
         tokenizer: Any = None,
         dtype: str | torch.dtype | None = None,
-        device: str | torch.device | None = None,
+        device: str | torch.device | Mapping[str, str | torch.device | None] | None = None,
         **kwargs: Any,
     ) -> MultiAgentPolicy:
-        """Load ``model`` (``None``: the embedded default) and its tokenizer, then build the policy.
+        """Load ``model`` (``None``: the embedded default; a mapping agent -> model for a team, agents it
+        does not name on the default) and its tokenizer, then build the policy.
 
-        ``tokenizer`` defaults to the model's own (for ``None``, the default tokenizer the envs use).
+        ``tokenizer`` defaults to each model's own (for ``None``, the default tokenizer the envs use).
         Other keyword arguments go to the constructor (``lora``, ``value_head``, ``sampling``, ...).
         """
-        tok = load_tokenizer(tokenizer if tokenizer is not None else model)
-        return cls(load_model(model, dtype=dtype, device=device), tok, agents, **kwargs)
+        names = list(agents)
+        models = dict(model) if isinstance(model, Mapping) else dict.fromkeys(names, model)
+        unknown = sorted(set(models) - set(names))
+        if unknown:
+            raise ValueError(f"models are given for unknown agents {unknown}; the agents are {names}")
+        models = {a: models.get(a) for a in names}
+        if tokenizer is None:
+            tokenizer = {a: models[a] for a in names}
+        elif isinstance(tokenizer, Mapping):
+            tokenizer = {a: tokenizer.get(a, models[a]) for a in names}
+        return cls(models, tokenizer, names, dtype=dtype, device=device, **kwargs)
 
-    def _collect_adapter_params(self, agent: str) -> list[nn.Parameter]:
-        if self.lora is None:
-            return list(self.model.parameters())
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        params: list[nn.Parameter] = []
-        for module in self.model.modules():
-            if isinstance(module, BaseTunerLayer):
-                for layer_name in module.adapter_layer_names:
-                    per_adapter = getattr(module, layer_name)
-                    if agent in per_adapter:
-                        item = per_adapter[agent]
-                        params += list(item.parameters()) if isinstance(item, nn.Module) else [item]
-        if not params:
-            raise RuntimeError(f"PEFT created no adapter weights for agent {agent!r}; check target_modules")
-        return params
-
-    def _set_agent(self, agent: str) -> None:
-        if self.lora is None or agent == self._active:
-            return
-        self.model.set_adapter(agent)
-        # PEFT freezes every adapter but the active one; each agent's optimizer holds its own adapter
-        # and a forward only ever uses the active one, so keep them all trainable.
-        for params in self._adapter_params.values():
-            for param in params:
-                param.requires_grad_(True)
-        self._active = agent
+    def group(self, agent: str) -> BaseGroup:
+        """The :class:`~agents.team.BaseGroup` (base model, tokenizer ids, engine) ``agent`` sits on."""
+        return self._group_of[self._check_agent(agent)]
 
     def _check_agent(self, agent: str) -> str:
         if agent not in self.agents:
             raise KeyError(f"unknown agent {agent!r}; this policy's agents are {list(self.agents)}")
         return agent
 
+    def _one(self, what: str) -> BaseGroup:
+        """The only group, for attributes that belong to a base (``model``, ``engine``, ...)."""
+        if len(self.groups) != 1:
+            raise AttributeError(
+                f"policy.{what} is a base model's and this team has {len(self.groups)} bases "
+                f"({[list(g.agents) for g in self.groups]}); use policy.group(agent).{what}"
+            )
+        return self.groups[0]
+
+    def _agreed(self, what: str) -> Any:
+        """An attribute every group shares (the pad id of a team with one tokenizer)."""
+        values = {repr(getattr(g, what)): getattr(g, what) for g in self.groups}
+        if len(values) != 1:
+            raise AttributeError(
+                f"policy.{what} differs between this team's bases "
+                f"({ {g.agents: getattr(g, what) for g in self.groups} }); use policy.group(agent).{what}"
+            )
+        return next(iter(values.values()))
+
+    # One base (or a team that agrees): the attributes of a policy before teams.
+    model = property(lambda self: self._one("model").model)
+
+    @property
+    def engine(self) -> Any:
+        return self._one("engine").engine
+
+    @engine.setter
+    def engine(self, engine: Any) -> None:  # switch one base between the engine and generate (tests)
+        self._one("engine").engine = engine
+
+    backend = property(lambda self: self._one("backend").backend)
+    backend_reason = property(lambda self: self._one("backend_reason").backend_reason)
+    _causal_lm = property(lambda self: self._one("causal_lm").causal_lm)
+    _reference = property(lambda self: self._one("reference").reference)
+    tokenizer = property(lambda self: self._one("tokenizer").tokenizer)
+    device = property(lambda self: self._agreed("device"))
+    vocab_size = property(lambda self: self._agreed("vocab_size"))
+    pad_token_id = property(lambda self: self._agreed("pad_token_id"))
+    eos_token_ids = property(lambda self: self._agreed("eos_token_ids"))
+
+    def _set_agent(self, agent: str) -> None:
+        self._group_of[agent].set_agent(agent)
+
     # ------------------------------------------------------------------ parameters and modes
     def parameters(self, agent: str, *, value_head: bool = True) -> list[nn.Parameter]:
         """Trainable parameters of ``agent``: its adapter (all weights under full fine-tuning) and, when
         there is one and ``value_head``, its value head."""
-        params = list(self._adapter_params[self._check_agent(agent)])
+        params = list(self._group_of[self._check_agent(agent)].adapter_params[agent])
         if value_head and self.value_heads is not None:
             params += list(self.value_heads[agent].parameters())
         return params
@@ -314,10 +334,8 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         return self.train(False)
 
     def _apply_mode(self, dropout: bool) -> None:
-        self.model.eval()
-        if dropout:
-            for module in self._lora_dropouts:
-                module.train()
+        for group in self.groups:
+            group.apply_mode(dropout)
 
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
@@ -328,12 +346,15 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
             self._apply_mode(self._training)
 
     # ------------------------------------------------------------------ input checks
-    def _rows(self, ids: ArrayLike, mask: ArrayLike, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return check_rows(ids, mask, what, self.device, self.vocab_size)
+    def _rows(
+        self, ids: ArrayLike, mask: ArrayLike, what: str, group: BaseGroup | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        group = group or self._one("device")
+        return check_rows(ids, mask, what, group.device, group.vocab_size)
 
-    def _pair(self, prompt_ids, prompt_mask, response_ids, response_mask):
-        p_ids, p_mask = self._rows(prompt_ids, prompt_mask, "prompt")
-        r_ids, r_mask = self._rows(response_ids, response_mask, "response")
+    def _pair(self, group: BaseGroup, prompt_ids, prompt_mask, response_ids, response_mask):
+        p_ids, p_mask = self._rows(prompt_ids, prompt_mask, "prompt", group)
+        r_ids, r_mask = self._rows(response_ids, response_mask, "response", group)
         if len(p_ids) != len(r_ids):
             raise ValueError(f"{len(p_ids)} prompts but {len(r_ids)} responses; they must pair row by row")
         return p_ids, p_mask, r_ids, r_mask

@@ -12,22 +12,25 @@ from torch import nn
 
 from agents.rows import ArrayLike, distinct_rows
 from agents.settings import check_temperature
+from agents.team import BaseGroup
 
 
 class ScoringMixin:
     """``forward``, ``logprobs``, ``values``, ``ref_logprobs`` and ``score`` of
     :class:`agents.policy.MultiAgentPolicy`."""
 
-    def _fused(self) -> bool:
+    def _fused(self, group: BaseGroup | None = None) -> bool:
         """Whether scoring passes run through the fused decoder (:mod:`agents.decoder`) rather than the
         model's own forward through PEFT: with the engine backend and LoRA adapters, except for
         gradient passes in train mode with LoRA dropout (PEFT draws dropout per adapted module)."""
-        if self.engine is None or self.lora is None:
+        group = group or self._one("engine")
+        if group.engine is None or group.full:
             return False
-        return not (torch.is_grad_enabled() and self._training and self.lora.dropout > 0)
+        return not (torch.is_grad_enabled() and self._training and group.dropout)
 
     def _score(
         self,
+        group: BaseGroup,
         p_ids: torch.Tensor,
         p_mask: torch.Tensor,
         r_ids: torch.Tensor,
@@ -46,24 +49,24 @@ class ScoringMixin:
         input_ids = torch.cat([p_ids, r_ids], dim=1)  # (B, P+T)
         attention_mask = torch.cat([p_mask, r_mask], dim=1)
         # Position P-1+t predicts response token t: the last prompt token predicts the first.
-        keep = torch.arange(width - 1, width + length - 1, device=self.device)
-        if self._fused():
+        keep = torch.arange(width - 1, width + length - 1, device=group.device)
+        if self._fused(group):
             from agents.decoder import Block, bucket_length, chosen_logprobs, pad_left
 
             rows = len(input_ids)
             adapters = [adapter, None] if with_reference else [adapter]
             blocks = [Block(a, rows) for a in adapters]
-            assert self.engine is not None
+            assert group.engine is not None
             distinct, index = distinct_rows(p_ids, p_mask) if self.share_prompts else (None, None)
             if distinct is not None and index is not None:  # the G samples of a problem: its prompt once
                 u = len(distinct)
                 bucket = bucket_length(width)
-                prompt_ids, prompt_mask = pad_left(p_ids[distinct], p_mask[distinct], bucket, self.pad_token_id)
+                prompt_ids, prompt_mask = pad_left(p_ids[distinct], p_mask[distinct], bucket, group.pad_token_id)
                 extra = bucket_length(length) - length  # right pads: masked, cut off below
-                ids = torch.nn.functional.pad(r_ids, (0, extra), value=self.pad_token_id)
+                ids = torch.nn.functional.pad(r_ids, (0, extra), value=group.pad_token_id)
                 mask = torch.nn.functional.pad(r_mask, (0, extra), value=0)
                 n = len(adapters)
-                hidden = self.engine.hidden_states_shared(  # (B or 2B, T, H)
+                hidden = group.engine.hidden_states_shared(  # (B or 2B, T, H)
                     prompt_ids.repeat(n, 1), prompt_mask.repeat(n, 1), [Block(a, u) for a in adapters],
                     torch.cat([index + k * u for k in range(n)]), ids.repeat(n, 1), mask.repeat(n, 1), blocks,
                     checkpoint=self.gradient_checkpointing, keep_mb=self.activation_budget_mb,
@@ -71,14 +74,14 @@ class ScoringMixin:
             else:
                 bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
                 keep = keep + (bucket - input_ids.shape[1])
-                input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, self.pad_token_id)
+                input_ids, attention_mask = pad_left(input_ids, attention_mask, bucket, group.pad_token_id)
                 if with_reference:
                     input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
-                hidden = self.engine.hidden_states(  # (B or 2B, T, H)
+                hidden = group.engine.hidden_states(  # (B or 2B, T, H)
                     input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing,
                     keep_mb=self.activation_budget_mb,
                 )
-            head = self._causal_lm.lm_head
+            head = group.causal_lm.lm_head
             targets = r_ids.repeat(len(blocks), 1)
             if head.bias is None:
                 scores = chosen_logprobs(hidden, head.weight, targets, temperature)  # chunked over the vocabulary
@@ -91,15 +94,16 @@ class ScoringMixin:
                 values = self.value_heads[value_agent](hidden[:rows].float()).squeeze(-1).masked_fill(r_mask == 0, 0.0)
             return scores[:rows], values, (scores[rows:] if with_reference else None)
 
-        logprobs, values = self._score_hf(input_ids, attention_mask, keep, r_ids, r_mask, adapter, value_agent,
+        logprobs, values = self._score_hf(group, input_ids, attention_mask, keep, r_ids, r_mask, adapter, value_agent,
                                           temperature)
         ref = None
         if with_reference:
-            ref = self._score_hf(input_ids, attention_mask, keep, r_ids, r_mask, None, None, temperature)[0]
+            ref = self._score_hf(group, input_ids, attention_mask, keep, r_ids, r_mask, None, None, temperature)[0]
         return logprobs, values, ref
 
     def _score_hf(
         self,
+        group: BaseGroup,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         keep: torch.Tensor,
@@ -110,27 +114,27 @@ class ScoringMixin:
         temperature: float,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The model's own forward (through PEFT): ``adapter`` active, or the reference when ``None``."""
-        model = self.model
+        model = group.model
         context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if adapter is None:
-            if self.lora is None:
-                model = self._reference
+            if group.full:
+                model = group.reference
             else:
-                context = self.model.disable_adapter()
+                context = group.model.disable_adapter()
         else:
-            self._set_agent(adapter)
+            group.set_agent(adapter)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         captured: list[torch.Tensor] = []
         hook = None
         if value_agent is not None:
-            body = self._causal_lm.base_model
+            body = group.causal_lm.base_model
 
             def grab(_module: nn.Module, _args: Any, output: Any) -> None:
                 captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
 
             hook = body.register_forward_hook(grab)
         try:
-            kwargs: dict[str, Any] = {"logits_to_keep": keep} if self._keeps_logits else {}
+            kwargs: dict[str, Any] = {"logits_to_keep": keep} if group.keeps_logits else {}
             with context:
                 logits = model(
                     input_ids=input_ids,
@@ -142,7 +146,7 @@ class ScoringMixin:
         finally:
             if hook is not None:
                 hook.remove()
-        if not self._keeps_logits:
+        if not group.keeps_logits:
             logits = logits[:, keep]
         logprobs = self._token_logprobs(logits, r_ids, r_mask, temperature)
         values = None
@@ -182,11 +186,12 @@ class ScoringMixin:
         self._check_agent(agent)
         if with_values and self.value_heads is None:
             raise ValueError("with_values=True needs a policy built with value_head=True")
-        tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
+        group = self._group_of[agent]
+        tensors = self._pair(group, prompt_ids, prompt_mask, response_ids, response_mask)
         # A pass without gradients scores (old log-probs, values): no dropout, whatever the mode.
         with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
             logprobs, values, _ = self._score(
-                *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature
+                group, *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature
             )
         return logprobs, values
 
@@ -231,9 +236,10 @@ class ScoringMixin:
         fine-tuning, the frozen initial model), at ``temperature``. No grad, no dropout."""
         self._check_agent(agent)
         check_temperature(temperature)
-        tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
+        group = self._group_of[agent]
+        tensors = self._pair(group, prompt_ids, prompt_mask, response_ids, response_mask)
         with self._eval_mode():
-            return self._score(*tensors, adapter=None, value_agent=None, temperature=temperature)[0]
+            return self._score(group, *tensors, adapter=None, value_agent=None, temperature=temperature)[0]
 
     @torch.no_grad()
     def score(
@@ -261,10 +267,11 @@ class ScoringMixin:
         self._check_agent(agent)
         if with_values and self.value_heads is None:
             raise ValueError("with_values=True needs a policy built with value_head=True")
-        tensors = self._pair(prompt_ids, prompt_mask, response_ids, response_mask)
+        group = self._group_of[agent]
+        tensors = self._pair(group, prompt_ids, prompt_mask, response_ids, response_mask)
         with self._eval_mode():
             return self._score(
-                *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature,
+                group, *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature,
                 with_reference=with_reference,
             )
 

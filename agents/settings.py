@@ -69,8 +69,14 @@ class Sampling:
     repetition_penalty: float = 1.0
     greedy: bool = False
     """Take the arg-max token instead of sampling (temperature/top-p/top-k are then unused)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a response (cut after the token that completes the first one)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
         check_sampling(self.max_new_tokens, self.temperature, self.top_p, self.top_k, self.repetition_penalty)
 
 
