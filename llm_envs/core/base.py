@@ -105,9 +105,9 @@ def _check_agent_keys(name: str, mapping: Mapping[Any, Any], agents: Sequence[st
     unknown = [k for k in mapping if k not in agents]
     missing = [a for a in agents if a not in mapping] if every else []
     if unknown or missing:
-        need = "exactly the" if every else "only"
+        need = "exactly" if every else "only"
         raise ValueError(
-            f"{name} as a mapping must name {need} env's agents {list(agents)}; got unknown {unknown}"
+            f"{name} as a mapping must name {need} the env's agents {list(agents)}; got unknown {unknown}"
             + (f", missing {missing}" if every else "") + "."
         )
 
@@ -324,7 +324,8 @@ class LLMEnvCore:
                 pad = eos
             if pad is None:
                 raise ValueError(
-                    f"{whose} has neither a pad nor an EOS token; set its pad_token before making the env."
+                    f"{whose} has neither a pad nor an EOS token; set "
+                    f"{'its' if mixed else 'tokenizer.'}pad_token before making the env."
                 )
             if isinstance(stop_token_ids, Mapping):
                 extra = _check_stop_ids(stop_token_ids.get(agent), len(tok), f"stop_token_ids[{agent!r}]")
