@@ -19,7 +19,7 @@ from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, ren
 from pettingzoo.utils.conversions import parallel_to_aec
 
 import llm_envs
-from llm_envs.core.base import MixedTokenizersError
+from llm_envs import MixedTokenizersError
 from llm_envs.core.vector import SequentialVectorEnv, VectorEnv
 from llm_envs.tokenizers import load_tokenizer
 

@@ -26,6 +26,27 @@ and infos). Rewards are 0 on every other step. The stop token itself is not part
 ``attention_mask`` (L), then, in token mode, ``action_mask`` (V), as a
 ``Box(0, high, (2L [+ V],), int64)`` whose ``high`` is V-1 on the ids and 1 elsewhere. Use
 :meth:`LLMEnvCore.split_flat` to cut one back into its parts.
+
+A tokenizer per agent
+---------------------
+``tokenizer`` may be a mapping ``{agent: tokenizer}`` naming exactly the env's agents (values: objects,
+names or paths). Everything token-level above is then per agent: V (the spaces' bounds, ``Discrete(V)``,
+the action mask's length), the pad id, the stop ids, the chat template (on where the agent's tokenizer
+has one) and the encoding and decoding of its prompts and actions. Text is the interface between
+agents: a response that another agent's prompt holds is spliced in as the writer's ids only when the
+reader has the writer's tokenizer, otherwise as its text encoded with the reader's. ``tokenizer_of``,
+``vocab_size_of``, ``pad_token_id_of``, ``stop_token_ids_of`` and ``chat_template_of`` answer per
+agent; ``tokenizer`` (and ``vocab_size``, ...) raise :class:`MixedTokenizersError` where the agents
+differ.
+
+>>> import llm_envs
+>>> from llm_envs.tokenizers import load_tokenizer
+>>> tok = load_tokenizer(None)
+>>> env = llm_envs.make("writing/xsum-v0", tokenizer={"brief": tok, "detailed": tok})
+>>> env.tokenizer is env.tokenizer_of("detailed") is tok  # one tokenizer for all: the single-tokenizer env
+True
+>>> env.vocab_size_of("brief"), env.chat_template_of("detailed")
+(49152, True)
 """
 
 from __future__ import annotations
@@ -147,7 +168,8 @@ class LLMEnvCore:
     Args:
         task: the :class:`~llm_envs.core.task.Task`.
         tokenizer: an HF tokenizer object, name or path; ``None`` for the embedded default
-            (SmolLM2-135M-Instruct).
+            (SmolLM2-135M-Instruct); or a mapping ``{agent: tokenizer}`` naming exactly the env's
+            agents, to give each agent its own (see the module docstring).
         max_prompt_tokens: longest prompt; the observation length L in response mode (prompts are
             left-padded to it); token mode adds ``max_new_tokens`` for the response so far.
         max_new_tokens: action length (longest response, in tokens).
@@ -156,7 +178,8 @@ class LLMEnvCore:
         max_cycles: truncate after this many turns (default: ``num_turns``, so episodes terminate).
         render_mode: ``"ansi"`` (``render()`` returns the transcript) or ``"human"`` (prints it).
         chat_template: apply the tokenizer's chat template to prompts (default: the task's default,
-            and only when the tokenizer has a template).
+            and only when the tokenizer has a template; per agent with a tokenizer per agent, and
+            ``True`` raises naming an agent whose tokenizer has none).
         prompt_overflow: ``"error"`` (default) raises when a prompt exceeds ``max_prompt_tokens``;
             ``"truncate_left"`` keeps its last L tokens and reports ``prompt_truncated=1`` in infos.
         step_unit: ``"response"`` (default: one response per step) or ``"token"`` (one token per
@@ -165,7 +188,8 @@ class LLMEnvCore:
         stop_token_ids: token ids that end a response besides the tokenizer's EOS and pad ids, e.g.
             every EOS id of a model's generation config (Llama 3 Instruct: ``<|eot_id|>``,
             ``<|eom_id|>``, ``<|end_of_text|>``). Pass the policy's ``eos_token_ids`` so that the env
-            cuts a response exactly where the policy stopped generating it.
+            cuts a response exactly where the policy stopped generating it. A mapping ``{agent: ids}``
+            gives each agent its own (required when the agents have different tokenizers).
         transition: what each agent sees on later turns (:mod:`llm_envs.transitions`): ``None`` for the
             task's own feedback (default), a registered name (``"level-feedback"``, ``"plain"``), an
             import path ``"module:function"`` or a callable object (``agents.ExpertTransition``). With
