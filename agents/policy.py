@@ -165,15 +165,16 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
                     named[key] = load_tokenizer(tok)
                 tokenizers[agent] = named[key]
         groups = team_of(self.agents, models, {a: loras[a] is not None for a in self.agents})
-        owners: dict[int, str] = {}
+        users: dict[int, int] = {}
+        for agent in self.agents:
+            users[id(models[agent])] = users.get(id(models[agent]), 0) + 1
         self.groups: list[BaseGroup] = []
         self._group_of: dict[str, BaseGroup] = {}
         for members in groups:
             first = members[0]
             base = models[first]
-            if loras[first] is None and id(base) in owners:
+            if loras[first] is None and users[id(base)] > 1:
                 base = copy.deepcopy(base)  # a fully fine-tuned agent owns its copy of a shared base
-            owners.setdefault(id(models[first]), first)
             toks = {tokenizers[a] for a in members}
             if len(toks) > 1:
                 ids = {a: (len(tokenizers[a]), tokenizers[a].pad_token_id, tokenizers[a].eos_token_id) for a in members}
@@ -287,6 +288,18 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
     vocab_size = property(lambda self: self._agreed("vocab_size"))
     pad_token_id = property(lambda self: self._agreed("pad_token_id"))
     eos_token_ids = property(lambda self: self._agreed("eos_token_ids"))
+
+    def tokenizer_of(self, agent: str) -> Any:
+        """``agent``'s tokenizer (its env must speak it)."""
+        return self.group(agent).tokenizer
+
+    def pad_token_id_of(self, agent: str) -> int:
+        """The pad id of ``agent``'s tokenizer (its actions are padded with it)."""
+        return self.group(agent).pad_token_id
+
+    def eos_token_ids_of(self, agent: str) -> tuple[int, ...]:
+        """The ids that end ``agent``'s responses (its env's ``stop_token_ids``)."""
+        return self.group(agent).eos_token_ids
 
     def _set_agent(self, agent: str) -> None:
         self._group_of[agent].set_agent(agent)
