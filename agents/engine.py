@@ -38,7 +38,8 @@ implement (DoRA, rank-stabilised scaling is fine), use ``transformers``' ``gener
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -97,6 +98,7 @@ class RolloutEngine(FusedDecoder):
         greedy: bool = False,
         logprob_temperature: float = 1.0,
         seeds: Sequence[int] | None = None,
+        block_settings: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample ``num_samples`` responses for each prompt row.
 
@@ -105,18 +107,43 @@ class RolloutEngine(FusedDecoder):
                 ``rows`` counts prompts, before ``num_samples``).
             seeds: one per *sample row* (B * num_samples, prompt-major), or ``None`` for torch's global
                 generator.
+            block_settings: per block, its own sampling settings (the keywords above from
+                ``max_new_tokens`` to ``logprob_temperature``), overriding them: the agents of a team
+                sample differently in one decode loop (a greedy agent beside a sampling one); a block's
+                rows stop at its own ``max_new_tokens``. Blocks with equal settings sample together.
 
         Returns (B*G, T) response ids (pad after the first EOS), masks (1 up to and including the
         EOS) and raw log-probs (0 on pads), rows prompt-major within each block as the blocks go.
         """
         device = ids.device
         dtype = self.causal_lm.get_input_embeddings().weight.dtype
+        defaults = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                        repetition_penalty=repetition_penalty, greedy=greedy, logprob_temperature=logprob_temperature)
+        kinds: list[dict[str, Any]] | None = None
+        if block_settings is not None:
+            if len(block_settings) != len(blocks):
+                raise ValueError(f"got {len(block_settings)} block settings for {len(blocks)} blocks")
+            per_block = [{**defaults, **dict(b)} for b in block_settings]
+            distinct = {tuple(sorted(b.items())): b for b in per_block}
+            if len(distinct) == 1:  # one team-wide setting: the plain path
+                defaults = per_block[0]
+            else:
+                kinds = list(distinct.values())
+                key_of = [list(distinct).index(tuple(sorted(b.items()))) for b in per_block]
+        max_new_tokens = defaults["max_new_tokens"] if kinds is None else max(k["max_new_tokens"] for k in kinds)
+        repetition_penalty = defaults["repetition_penalty"]
+        penalised = repetition_penalty != 1.0 if kinds is None else any(k["repetition_penalty"] != 1.0 for k in kinds)
         weights = self._weights()
         history = ids  # for the repetition penalty, as generate's input_ids (before the bucket's pads)
         ids, mask = pad_left(ids, mask, bucket_length(ids.shape[1]), pad_token_id)
         g = num_samples
         n = len(ids) * g
         eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)), device=device)
+        row_kind = limits = None
+        if kinds is not None:
+            sizes = torch.tensor([b.rows * g for b in blocks], device=device)
+            row_kind = torch.repeat_interleave(torch.tensor(key_of, device=device), sizes)  # (N,)
+            limits = torch.tensor([kinds[k]["max_new_tokens"] for k in key_of], device=device).repeat_interleave(sizes)
 
         # Prefill each distinct prompt row once; rows repeated by the caller share it too.
         row_blocks = [blk.rows * g for blk in blocks]
@@ -181,26 +208,42 @@ class RolloutEngine(FusedDecoder):
         for t in range(max_new_tokens):
             active = live.nonzero().squeeze(1)
             logits = lm_head(last[active, -1]).float()  # (A, V)
-            token, logprob = self._choose(
-                logits,
-                history[active] if repetition_penalty != 1.0 else history[:0],
-                generators=None if generators is None else [generators[i] for i in active.tolist()],
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                repetition_penalty=repetition_penalty,
-                greedy=greedy,
-                logprob_temperature=logprob_temperature,
-            )
+            if kinds is None:
+                settings = {k: v for k, v in defaults.items() if k != "max_new_tokens"}
+                token, logprob = self._choose(
+                    logits,
+                    history[active] if penalised else history[:0],
+                    generators=None if generators is None else [generators[i] for i in active.tolist()],
+                    **settings,
+                )
+            else:  # each kind of row with its own settings
+                assert row_kind is not None
+                token = torch.empty(len(active), dtype=torch.long, device=device)
+                logprob = torch.empty(len(active), dtype=torch.float32, device=device)
+                kind_now = row_kind[active]
+                for k, kind in enumerate(kinds):
+                    sel = (kind_now == k).nonzero().squeeze(1)
+                    if not len(sel):
+                        continue
+                    rows = active[sel]
+                    settings = {key: v for key, v in kind.items() if key != "max_new_tokens"}
+                    token[sel], logprob[sel] = self._choose(
+                        logits[sel],
+                        history[rows] if kind["repetition_penalty"] != 1.0 else history[:0],
+                        generators=None if generators is None else [generators[i] for i in rows.tolist()],
+                        **settings,
+                    )
             out_ids[active, t] = token
             out_logprobs[active, t] = logprob
             live[active] = ~torch.isin(token, eos)
+            if limits is not None:
+                live &= limits > t + 1  # a block's rows stop at its own max_new_tokens
             steps = t + 1
             if t + 1 == max_new_tokens or not bool(live.any()):
                 break
             # Finished rows keep stepping (the row blocks stay whole) on the pad id; their output is unused.
             step_ids = out_ids[:, t : t + 1]
-            if repetition_penalty != 1.0:
+            if penalised:
                 history = torch.cat([history, step_ids], dim=1)
             position = position + 1
             key_mask[:, width + t] = True
@@ -215,6 +258,8 @@ class RolloutEngine(FusedDecoder):
         logprobs = out_logprobs[:, :steps]
         is_eos = torch.isin(response, eos)
         after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
+        if limits is not None:
+            after_eos |= torch.arange(steps, device=device)[None, :] >= limits[:, None]
         response = response.masked_fill(after_eos, pad_token_id)
         return response, (~after_eos).long(), logprobs.masked_fill(after_eos, 0.0)
 

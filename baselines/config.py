@@ -22,6 +22,7 @@ ValueError: temperature must be > 0, got 0
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -50,6 +51,83 @@ def check_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
         raise ValueError(f"{name} must be {listed}, got {value!r}")
+
+
+AGENT_FIELDS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "learning_rate", "lora_rank", "lora_alpha")
+"""The fields ``--agent-settings agent.field=value`` may set."""
+
+
+def parse_agent_models(entries: Any) -> dict[str, str]:
+    """``("brief=PATH", ...)`` (or a dict) -> ``{"brief": "PATH"}``, with a one-line error for a bad entry.
+
+    >>> parse_agent_models(("brief=/m/a", "detailed=org/b"))
+    {'brief': '/m/a', 'detailed': 'org/b'}
+    """
+    if isinstance(entries, Mapping):
+        return {str(k): str(v) for k, v in entries.items()}
+    out: dict[str, str] = {}
+    for entry in entries:
+        agent, eq, model = str(entry).partition("=")
+        if not eq or not agent or not model:
+            raise ValueError(f"agent_models entries are agent=MODEL, got {entry!r}")
+        if agent in out:
+            raise ValueError(f"agent_models names agent {agent!r} twice")
+        out[agent] = model
+    return out
+
+
+def parse_agent_settings(entries: Any) -> dict[str, dict[str, Any]]:
+    """``("brief.temperature=1.0", ...)`` (or a nested dict) -> ``{"brief": {"temperature": 1.0}}``; bad
+    fields get a one-line error listing the valid ones.
+
+    >>> parse_agent_settings(("brief.temperature=1.0", "detailed.stop=END", "detailed.lora_rank=8"))
+    {'brief': {'temperature': 1.0}, 'detailed': {'stop': ('END',), 'lora_rank': 8}}
+    """
+    pairs: list[tuple[str, str, Any]] = []
+    if isinstance(entries, Mapping):
+        for agent, fields in entries.items():
+            if not isinstance(fields, Mapping):
+                raise ValueError(f"agent_settings[{agent!r}] must be a mapping field -> value, got {fields!r}")
+            pairs += [(str(agent), str(k), v) for k, v in fields.items()]
+    else:
+        for entry in entries:
+            key, eq, value = str(entry).partition("=")
+            agent, dot, name = key.partition(".")
+            if not eq or not dot or not agent or not name:
+                raise ValueError(f"agent_settings entries are agent.field=value, got {entry!r}")
+            pairs.append((agent, name, value))
+    out: dict[str, dict[str, Any]] = {}
+    for agent, name, value in pairs:
+        if name not in AGENT_FIELDS:
+            raise ValueError(f"agent_settings: unknown field {name!r} (agent {agent!r}); valid fields: "
+                             f"{', '.join(AGENT_FIELDS)}")
+        if name == "stop":
+            stops = (value,) if isinstance(value, str) else tuple(value)
+            out.setdefault(agent, {}).setdefault("stop", ())
+            out[agent]["stop"] += stops
+            continue
+        kind = int if name in ("top_k", "max_new_tokens", "lora_rank") else float
+        try:
+            converted = kind(value) if not isinstance(value, bool) else value
+        except (TypeError, ValueError):
+            raise ValueError(f"agent_settings: {agent}.{name} must be a{'n int' if kind is int else ' number'}, "
+                             f"got {value!r}") from None
+        out.setdefault(agent, {})[name] = converted
+    return out
+
+
+def check_agent_value(agent: str, name: str, value: Any, max_new_tokens: int) -> None:
+    """One-line errors for an out-of-range per-agent value."""
+    ok = {
+        "temperature": lambda v: v > 0, "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= 0,
+        "max_new_tokens": lambda v: 1 <= v <= max_new_tokens, "learning_rate": lambda v: v > 0,
+        "lora_rank": lambda v: v >= 1, "lora_alpha": lambda v: v > 0,
+        "stop": lambda v: all(isinstance(s, str) and s for s in v),
+    }[name]
+    wanted = {"top_p": "in (0, 1]", "top_k": ">= 0", "max_new_tokens": f"in [1, max_new_tokens={max_new_tokens}]",
+              "lora_rank": ">= 1", "stop": "non-empty strings"}.get(name, "> 0")
+    if isinstance(value, bool) or not ok(value) or (name != "stop" and not math.isfinite(value)):
+        raise ValueError(f"agent_settings: {agent}.{name} must be {wanted}, got {value!r}")
 
 
 @dataclass
@@ -84,6 +162,15 @@ class CoreConfig:
     """Seeds python, numpy, torch and the envs."""
     num_iterations: int = 100
     """Training iterations (one batch of episodes and one update of every agent each)."""
+
+    agent_models: tuple[str, ...] = ()
+    """A team of bases: ``agent=MODEL`` entries (HF id or local directory) giving named agents their own
+    base model and tokenizer; agents not named use --model (docs/teams.md). CORY names its models
+    ``model_0``/``model_1``. In Python also a dict ``{agent: model}``."""
+    agent_settings: tuple[str, ...] = ()
+    """Per-agent overrides, ``agent.field=value`` entries: sampling (temperature, top_p, top_k,
+    max_new_tokens, stop) and optimisation (learning_rate, lora_rank, lora_alpha); ``stop`` may repeat.
+    In Python also a dict ``{agent: {field: value}}``."""
 
     # ---------------------------------------------------------------------------------- sampling
     max_new_tokens: int = 64
@@ -179,10 +266,78 @@ class CoreConfig:
             raise ValueError(f"max_source_words must be a positive int or None, got {self.max_source_words!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be a positive int or None, got {self.threads!r}")
+        self._models_of = parse_agent_models(self.agent_models)
+        self._overrides = parse_agent_settings(self.agent_settings)
+        for agent, fields in self._overrides.items():
+            for name, value in fields.items():
+                check_agent_value(agent, name, value, self.max_new_tokens)
 
-    def scoring_temperature(self) -> float:
-        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``)."""
-        return self.temperature if self.logprob_temperature == "sampling" else 1.0
+    # ---------------------------------------------------------------------------------- per agent
+    def check_agents(self, agents: Sequence[str]) -> None:
+        """Refuse --agent-models / --agent-settings entries for agents the run does not have."""
+        for what, named in (("agent_models", self._models_of), ("agent_settings", self._overrides)):
+            unknown = sorted(set(named) - set(agents))
+            if unknown:
+                raise ValueError(f"{what} names unknown agents {unknown}; valid agents: {', '.join(agents)}")
+
+    def is_team(self) -> bool:
+        """Whether any agent has its own model or settings."""
+        return bool(self._models_of or self._overrides)
+
+    def setting(self, agent: str | None, name: str) -> Any:
+        """``agent``'s value of field ``name``: its override, else the run's."""
+        if agent is not None and name in self._overrides.get(agent, {}):
+            return self._overrides[agent][name]
+        return () if name == "stop" else getattr(self, name)
+
+    def model_of(self, agents: Sequence[str]) -> str | dict[str, str | None] | None:
+        """--model, or agent -> model when agents have their own (a team of bases)."""
+        if not self._models_of:
+            return self.model
+        return {a: self._models_of.get(a, self.model) for a in agents}
+
+    def lora_of(self, agents: Sequence[str]) -> Any:
+        """One ``LoraSettings`` for every agent, or agent -> its own when ranks or alphas differ."""
+        from agents import LoraSettings
+
+        own = {a: LoraSettings(rank=self.setting(a, "lora_rank"), alpha=self.setting(a, "lora_alpha")) for a in agents}
+        shared = LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha)
+        return shared if all(v == shared for v in own.values()) else own
+
+    def learning_rate_of(self, agent: str) -> float:
+        return float(self.setting(agent, "learning_rate"))
+
+    def scoring_temperature(self, agent: str | None = None) -> float:
+        """The temperature of the log-probs in the loss (1.0 for ``logprob_temperature="raw"``); an
+        agent's own sampling temperature with ``sampling``."""
+        return float(self.setting(agent, "temperature")) if self.logprob_temperature == "sampling" else 1.0
+
+    def sampling_kwargs(self, agents: Sequence[str], **extra: Any) -> dict[str, Any]:
+        """``generate_joint`` keywords for ``agents``: the run's sampling settings, and, when any agent
+        has its own, ``sampling`` (agent -> ``agents.Sampling``) and per-agent ``logprob_temperature``.
+        ``extra`` (``repetition_penalty``, a batch's ``max_new_tokens``) applies to every agent."""
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            logprob_temperature=self.scoring_temperature(),
+        )
+        kwargs.update(extra)
+        if not self._overrides:
+            return kwargs
+        from agents import Sampling
+
+        limit = kwargs["max_new_tokens"]
+        sampling = {}
+        for a in agents:
+            own = self._overrides.get(a, {})
+            sampling[a] = Sampling(
+                max_new_tokens=min(int(own.get("max_new_tokens", limit)), limit),
+                temperature=own.get("temperature", kwargs["temperature"]), top_p=own.get("top_p", kwargs["top_p"]),
+                top_k=own.get("top_k", kwargs["top_k"]), repetition_penalty=kwargs.get("repetition_penalty", 1.0),
+                stop=tuple(own.get("stop", ())),
+            )
+        kwargs["sampling"] = sampling
+        kwargs["logprob_temperature"] = {a: self.scoring_temperature(a) for a in agents}
+        return kwargs
 
     def env_kwargs(self) -> dict[str, Any]:
         """The env arguments these settings imply (without the expert model: see :meth:`build_env_kwargs`)."""

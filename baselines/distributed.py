@@ -518,7 +518,24 @@ class AgentPerDevicePolicy:
     ) -> AgentPerDevicePolicy:
         from agents import MultiAgentPolicy
 
-        return cls({a: MultiAgentPolicy.from_pretrained([a], model, device=devices[a], **kwargs) for a in agents})
+        def own(value: Any, agent: str) -> Any:  # an agent's entry of a team's mapping
+            return value[agent] if isinstance(value, Mapping) else value
+
+        return cls({
+            a: MultiAgentPolicy.from_pretrained(
+                [a], own(model, a), device=devices[a], **{k: own(v, a) if k == "lora" else v for k, v in kwargs.items()}
+            )
+            for a in agents
+        })
+
+    def tokenizer_of(self, agent: str) -> Any:
+        return self._of(agent).tokenizer_of(agent)
+
+    def pad_token_id_of(self, agent: str) -> int:
+        return self._of(agent).pad_token_id_of(agent)
+
+    def eos_token_ids_of(self, agent: str) -> tuple[int, ...]:
+        return self._of(agent).eos_token_ids_of(agent)
 
     @property
     def model(self) -> Any:
@@ -582,17 +599,25 @@ class AgentPerDevicePolicy:
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         manifest: dict[str, Any] | None = None
+        team: dict[str, Any] = {}
+        bases = []
         for agent, policy in self.policies.items():
             tmp = Path(tempfile.mkdtemp(prefix=f".{agent}.", dir=root))
             try:
                 policy.save(tmp)
                 for file in tmp.glob(f"{agent}.*.safetensors"):
                     os.replace(file, root / file.name)
-                manifest = manifest or json.loads((tmp / "policy.json").read_text())
+                own = json.loads((tmp / "policy.json").read_text())
+                manifest = manifest or own
+                team.update(own.get("team", {}))
+                bases.append(own.get("base_model"))
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         assert manifest is not None
         manifest["agents"] = list(self.agents)
+        manifest["team"] = team
+        if any(b != bases[0] for b in bases):  # a team of bases: compared agent by agent on load
+            manifest["base_model"] = None
         tmp_manifest = root / ".policy.json.tmp"
         tmp_manifest.write_text(json.dumps(manifest, indent=2))
         os.replace(tmp_manifest, root / "policy.json")

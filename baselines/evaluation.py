@@ -51,7 +51,8 @@ def evaluate(
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     # The env ends a response where the policy stopped generating it (every EOS id of the model).
-    kwargs.setdefault("stop_token_ids", list(policy.eos_token_ids))
+    if "stop_token_ids" not in kwargs:
+        kwargs["stop_token_ids"] = list(policy.eos_token_ids)
     venv = make_vec(env_id, num_problems * num_samples, **kwargs)
     total_problems = len(venv.envs[0].task.problems(split))
     if not 1 <= num_problems <= total_problems:

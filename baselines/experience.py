@@ -204,7 +204,7 @@ def make_experience(
     if contexts is not None and len(contexts) != len(gens):
         raise ValueError(f"got {len(contexts)} critic contexts for {len(gens)} turns")
     ctx = list(contexts) if contexts is not None else [None] * len(gens)
-    parts = [score_turn(policy, model, gen, config.scoring_temperature(), c) for gen, c in zip(gens, ctx)]
+    parts = [score_turn(policy, model, gen, config.scoring_temperature(model), c) for gen, c in zip(gens, ctx)]
     old_logprobs, old_values, ref_logprobs = (torch.cat(tensors, 1) for tensors in zip(*parts))
     device = old_logprobs.device
     mask = torch.cat([gen.response_mask for gen in gens], 1).to(device)

@@ -44,7 +44,7 @@ from baselines.critic import (
     value_loss,
 )
 from baselines.metrics import reward_metrics
-from baselines.play import probe_env, rollout
+from baselines.play import check_shared_tokenizer, probe_env, rollout, team_env_kwargs
 from baselines.policy_gradient import discounted_returns, update_agent
 from baselines.run import Run
 
@@ -120,6 +120,7 @@ class Config(LearnerConfig):
             num_epochs=self.num_epochs, clip_eps=self.clip_eps, loss_aggregation=self.loss_aggregation,
             max_grad_norm=self.max_grad_norm, baseline="none", gamma=self.gamma,
             logprob_temperature=self.logprob_temperature, micro_batch_tokens=self.micro_batch_tokens,
+            agent_models=self.agent_models, agent_settings=self.agent_settings,
         )
 
 
@@ -213,18 +214,28 @@ def main(config: Config) -> dict[str, Any]:
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     if CRITIC in agents:
         raise ValueError(f"env {config.env!r} has an agent named {CRITIC!r}, the name of MAAC's critic adapter")
+    config.check_agents(agents)
     device = distributed.device_for("data-parallel", agents, run.info, config.device)[agents[0]]
+    # A team (--agent-models): the critic sits on the first agent's base and reads every agent's token
+    # ids, so the agents must share a tokenizer (checked below, before the first iteration).
+    models = config.model_of(agents)
+    if isinstance(models, dict):
+        models[CRITIC] = models[agents[0]]
+    lora = config.lora_of(agents)
+    if isinstance(lora, dict):
+        lora[CRITIC] = LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha)
     policy = MultiAgentPolicy.from_pretrained(
-        [*agents, CRITIC], config.model, dtype=config.dtype, device=device, value_head=True,
-        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha), backend=config.backend,
+        [*agents, CRITIC], models, dtype=config.dtype, device=device, value_head=True,
+        lora=lora, backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens,
-                     stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
+    check_shared_tokenizer(policy, [*agents, CRITIC], "has a central critic reading every agent's token ids")
+    env_kwargs = team_env_kwargs(env_kwargs, policy, agents)
+    venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens, **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
-    optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
+    optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     optimizers[CRITIC] = policy.optimizer(CRITIC, lr=config.critic_learning_rate)
     actor_config = config.actor_config()
     run.resume(policy, optimizers)

@@ -39,7 +39,7 @@ from baselines import distributed, tree
 from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.distributed import PLACEMENTS
 from baselines.metrics import reward_metrics
-from baselines.play import Turn, probe_env, rollout
+from baselines.play import Turn, probe_env, rollout, team_env_kwargs
 from baselines.policy_gradient import Aggregation, Baseline, discounted_returns, group_advantages, update_agent
 from baselines.run import Run, mean_over_agents
 from llm_envs.core.vector import make_vec
@@ -252,7 +252,7 @@ def main(config: Config) -> dict[str, float]:
     iteration's problems and the gradients are summed over processes (baselines/distributed.py); only
     rank 0 evaluates, logs, plots and writes checkpoints, so ``eval*`` and ``plot`` are in rank 0's
     result only."""
-    from agents import ExpertTransition, LoraSettings
+    from agents import ExpertTransition
 
     run = Run.begin(config)  # threads, processes, run directory, seeds
     per_problem = run.info.distributed if config.seed_per_problem is None else config.seed_per_problem
@@ -261,23 +261,26 @@ def main(config: Config) -> dict[str, float]:
     n_envs = config.num_problems * g
     env_kwargs = config.build_env_kwargs()
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
+    config.check_agents(agents)
     policy = distributed.build_policy(
         agents,
-        config.model,
+        config.model_of(agents),  # a team: agent -> its own base (--agent-models)
         distributed.device_for(config.placement, agents, run.info, config.device),
         dtype=config.dtype,
-        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
+        lora=config.lora_of(agents),
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
         backend=config.backend,
         gradient_checkpointing=config.gradient_checkpointing,
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
+    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped; in
+    # a team each agent's env speaks its own tokenizer.
+    env_kwargs = team_env_kwargs(env_kwargs, policy, agents)
     venv = make_vec(config.env, b_local * g, max_new_tokens=config.max_new_tokens,  # sequential: trees only
-                    stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
+                    **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
-    optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
+    optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     run.resume(policy, optimizers)
     run.start(policy, optimizers, env_kwargs=env_kwargs)
 

@@ -27,6 +27,41 @@ def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:
     finally:
         env.close()
 
+def team_env_kwargs(env_kwargs: Mapping[str, Any], policy: Any, agents: Sequence[str]) -> dict[str, Any]:
+    """``env_kwargs`` with what the envs need from ``policy`` for ``agents`` (env agent -> policy agent
+    of the same name): the EOS ids where a response ends (``stop_token_ids``) and, in a team whose
+    agents speak different tokenizers, each agent's tokenizer (``tokenizer={agent: tok}``)."""
+    from agents.team import tokenizer_fingerprint
+
+    kwargs = dict(env_kwargs)
+    tokenizers = {a: policy.tokenizer_of(a) for a in agents}
+    prints = {tokenizer_fingerprint(t) for t in {id(t): t for t in tokenizers.values()}.values()}
+    if len(prints) > 1:
+        kwargs["tokenizer"] = tokenizers
+        kwargs["stop_token_ids"] = {a: list(policy.eos_token_ids_of(a)) for a in agents}
+    else:
+        if len({id(t) for t in tokenizers.values()}) > 1 or "tokenizer" in kwargs:
+            kwargs["tokenizer"] = tokenizers[agents[0]]  # one vocabulary: the same object for every agent
+        kwargs["stop_token_ids"] = sorted({i for a in agents for i in policy.eos_token_ids_of(a)})
+    return kwargs
+
+
+def check_shared_tokenizer(policy: Any, agents: Sequence[str], why: str) -> None:
+    """Refuse, before the first iteration, a team whose ``agents`` speak different tokenizers when the
+    run needs one (``why``: CORY swaps roles between its models; a central critic reads every agent's
+    token ids). Empty ``why``: nothing to check."""
+    if not why:
+        return
+    from agents.team import tokenizer_fingerprint
+
+    prints = {a: tokenizer_fingerprint(policy.tokenizer_of(a)) for a in agents}
+    if len(set(prints.values())) > 1:
+        raise ValueError(
+            f"this run {why}, so its agents must share one tokenizer; their tokenizers differ "
+            f"(fingerprints {prints}): give every agent a model of the same tokenizer family"
+        )
+
+
 def play_episodes(
     policy: Any,
     venv: Any,
@@ -73,7 +108,9 @@ def play_episodes(
             raw = {names[a]: (obs[a]["observation"], obs[a]["attention_mask"]) for a in venv.agents}
             out = distributed.generate_per_group(policy, raw, 1, step_seeds, **sampling)
         gens = {a: out[names[a]] for a in venv.agents}
-        actions = {a: pad_actions(g.response_ids, action_length, policy.pad_token_id) for a, g in gens.items()}
+        actions = {
+            a: pad_actions(g.response_ids, action_length, policy.pad_token_id_of(names[a])) for a, g in gens.items()
+        }
         obs, rewards, _, _, infos = venv.step(actions)
         for a in rewards:
             returns[a] += rewards[a]
@@ -141,13 +178,7 @@ def rollout(
     ``num_generations``; each group is sampled under its own seed (``distributed.group_seed``), so
     the samples of a problem do not depend on the rest of the batch or on the process playing it."""
     obs, _ = venv.reset(seed=list(seeds), options=list(options))
-    sampling = dict(
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        logprob_temperature=config.scoring_temperature(),
-    )
+    sampling = config.sampling_kwargs(list(venv.possible_agents))  # per agent in a team
     turns = []
     while venv.agents:
         if groups is None:
@@ -163,7 +194,9 @@ def rollout(
             raw = {a: (obs[a]["observation"], obs[a]["attention_mask"]) for a in venv.agents}
             gens = distributed.generate_per_group(policy, raw, config.num_generations, group_seeds, **sampling)
             prompts = {a: (g.prompt_ids, g.prompt_mask) for a, g in gens.items()}
-        actions = {a: pad_actions(g.response_ids, config.max_new_tokens, policy.pad_token_id) for a, g in gens.items()}
+        actions = {
+            a: pad_actions(g.response_ids, config.max_new_tokens, policy.pad_token_id_of(a)) for a, g in gens.items()
+        }
         obs, rewards, _, _, infos = venv.step(actions)
         turns.append(Turn(prompts=prompts, responses=gens, rewards=rewards, infos=infos))
     return turns

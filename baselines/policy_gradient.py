@@ -165,7 +165,7 @@ def update_agent(
             gen = turn.responses[agent]
             ref.append(torch.cat([
                 policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
-                                    gen.response_mask[c], temperature=config.scoring_temperature())
+                                    gen.response_mask[c], temperature=config.scoring_temperature(agent))
                 for c in chunks(gen)
             ]) if len(gen.response_mask) else gen.response_mask.float())
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
@@ -180,7 +180,7 @@ def update_agent(
             for c in chunks(gen):
                 logprobs = policy.logprobs(
                     agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
-                    temperature=config.scoring_temperature(),
+                    temperature=config.scoring_temperature(agent),
                 )
                 mask = gen.response_mask[c]
                 # On the first epoch the sampling policy is the current one: the plain policy gradient

@@ -40,7 +40,7 @@ from baselines.critic import CRITIC, central_context, central_forward
 from baselines.experience import Experience, make_experience
 from baselines.kl_control import kl_controller
 from baselines.metrics import reward_metrics
-from baselines.play import probe_env
+from baselines.play import check_shared_tokenizer, probe_env, team_env_kwargs
 from baselines.run import Run, mean_over_agents
 from baselines.tensors import masked_mean
 from llm_envs.core.vector import make_vec
@@ -277,7 +277,7 @@ def _minibatch_loss(
 ) -> dict[str, torch.Tensor]:
     """Clipped policy and value losses of one minibatch's ``rows`` (token means, or token sums over
     ``denominator``) and their diagnostics; one forward per turn, on that turn's prompts."""
-    temperature = config.scoring_temperature()
+    temperature = config.scoring_temperature(model)
     outputs = []
     for k, gen in enumerate(exp.turns):
         args = (gen.prompt_ids[rows], gen.prompt_mask[rows], gen.response_ids[rows], gen.response_mask[rows])
@@ -355,6 +355,13 @@ def model_metrics(
     return {f"agent_{model}/{k}": v for k, v in values.items()}
 
 
+def rollout_sampling(config: Config, models: Sequence[str], length: int) -> dict[str, Any]:
+    """The sampling keywords of a PPO batch of response length ``length`` (per model in a team)."""
+    kwargs = config.sampling_kwargs(models, max_new_tokens=length, repetition_penalty=config.repetition_penalty)
+    kwargs.pop("logprob_temperature")  # PPO rescores every response (baselines/experience.py)
+    return kwargs
+
+
 def train(config: Config, *, models: Sequence[str] | None = None, assign: Assignment | None = None) -> dict[str, Any]:
     """The PPO loop shared by PPO and CORY. ``models`` names the adapters (default: the env's agents);
     ``assign(iteration)`` says which model plays which role (default: each agent plays itself). Each
@@ -372,17 +379,26 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     positions = distributed.shard(range(config.batch_size))  # this rank's episodes of each batch
     env_kwargs = config.build_env_kwargs()
     roles, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
+    assign_given = assign is not None  # CORY: models swap roles
     models = list(roles if models is None else models)
     assign = assign or (lambda _iteration: {r: r for r in roles})
     critic = [CRITIC] if config.critic == "central" else []  # the central critic: one more adapter
     if critic and (CRITIC in models or CRITIC in roles):
         raise ValueError(f"--critic central names its adapter {CRITIC!r}, which is also a model of {config.env!r}")
+    config.check_agents(models)
+    # A team (--agent-models): the central critic sits on the first model's base.
+    team_models = config.model_of(models)
+    if isinstance(team_models, dict) and critic:
+        team_models[CRITIC] = team_models[models[0]]
+    lora = config.lora_of(models)
+    if isinstance(lora, dict) and critic:
+        lora[CRITIC] = LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha)
     policy = MultiAgentPolicy.from_pretrained(
         [*models, *critic],
-        config.model,
+        team_models,
         dtype=config.dtype,
         device=distributed.device_for("data-parallel", models, run.info, config.device)[models[0]],
-        lora=LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha),
+        lora=lora,
         value_head=True,
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
         backend=config.backend,
@@ -390,11 +406,18 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped.
-    venv = make_vec(config.env, len(positions), max_new_tokens=config.max_new_tokens,
-                    stop_token_ids=list(policy.eos_token_ids), **env_kwargs)
+    check_shared_tokenizer(policy, [*models, *critic], "swaps roles between models" if assign_given else
+                           "has a central critic reading every agent's tokens" if critic else "")
+    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped; in
+    # a team each role's env speaks its model's tokenizer.
+    if assign_given:
+        env_kwargs = team_env_kwargs(env_kwargs, policy, [models[0]])
+    else:
+        env_kwargs = team_env_kwargs(env_kwargs, policy, list(roles))
+    venv = make_vec(config.env, len(positions), max_new_tokens=config.max_new_tokens, **env_kwargs)
     n_train = len(venv.envs[0].task.problems("train"))
-    optimizers = {m: policy.optimizer(m, lr=config.learning_rate) for m in [*models, *critic]}
+    optimizers = {m: policy.optimizer(m, lr=config.learning_rate_of(m if m != CRITIC else None))
+                  for m in [*models, *critic]}
     controllers = {m: kl_controller(config) for m in models}
     for m, value in run.resume(policy, optimizers).get("kl_coef", {}).items():
         controllers[m].value = float(value)
@@ -422,12 +445,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                 action_length=config.max_new_tokens,
                 adapters=players,
                 sample_seeds=sample_seeds if per_episode else None,
-                max_new_tokens=length,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                top_k=config.top_k,
-                repetition_penalty=config.repetition_penalty,
                 step_rewards=step_rewards,
+                **rollout_sampling(config, models, length),
             )
             t_rollout = time.perf_counter() - t0
             turns = play.episode_turns(steps, step_rewards)  # role -> [(its Generation, its reward (N,))]

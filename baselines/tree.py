@@ -261,7 +261,7 @@ def _expand_parallel(
         prompts[a] = tuple(torch.as_tensor(x) for x in strip_left_padding(ids, mask))
     gens = policy.generate_joint(prompts, g, **_seed_kwargs([n.seed for n in frontier]), **sampling)
     length = frontier[0].env.max_new_tokens
-    actions = {a: pad_actions(gens[a].response_ids, length, policy.pad_token_id) for a in agents}
+    actions = {a: pad_actions(gens[a].response_ids, length, policy.pad_token_id_of(a)) for a in agents}
     outcomes = []
     for row, node in enumerate(frontier):
         node.sizes = [g] * len(agents)
@@ -300,7 +300,7 @@ def _expand_sequential(
         ]
         prompt = (torch.as_tensor(ids), torch.as_tensor(mask))
         gen = policy.generate_joint({agent: prompt}, per_row, **_seed_kwargs(seeds), **sampling)[agent]
-        actions = pad_actions(gen.response_ids, length, policy.pad_token_id)
+        actions = pad_actions(gen.response_ids, length, policy.pad_token_id_of(agent))
         stepped: list[list[tuple[Any, tuple[int, ...]]]] = [[] for _ in frontier]
         for r, (i, env, combo) in enumerate(rows):
             prefix = combo[-1] if combo else 0
@@ -413,10 +413,7 @@ def train_step(
     from baselines.policy_gradient import update_agent
 
     t0 = time.perf_counter()
-    sampling = dict(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, top_k=config.top_k,
-        logprob_temperature=config.scoring_temperature(),
-    )
+    sampling = config.sampling_kwargs(list(template.possible_agents))
     levels = rollout_tree(
         policy,
         template,

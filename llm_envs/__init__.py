@@ -8,6 +8,7 @@ a batch of n envs stepped together (:mod:`llm_envs.core.vector`). Nothing here i
 True
 """
 
+from llm_envs.core.base import MixedTokenizersError
 from llm_envs.core.registry import describe_envs, list_envs, make, make_aec, register, spec
 from llm_envs.core.task import Context, Response, Task, TemplateTask, TurnRecord
 from llm_envs.core.vector import SequentialVectorEnv, VectorEnv, make_vec
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Context",
+    "MixedTokenizersError",
     "Response",
     "SequentialVectorEnv",
     "Task",

@@ -188,19 +188,19 @@ def test_shared_prompts_through_the_fused_attention_kernel(tokenizer, monkeypatc
     assert_grads_close(shared[2], whole[2])
 
 
-def test_distinct_rows():
-    from agents.policy import _distinct_rows
+def testdistinct_rows():
+    from agents.rows import distinct_rows
 
     ids = torch.tensor([[0, 7], [5, 6], [0, 7], [5, 6]])
     mask = torch.tensor([[0, 1], [1, 1], [0, 1], [1, 1]])
-    first, index = _distinct_rows(ids, mask)
+    first, index = distinct_rows(ids, mask)
     assert first.tolist() == [0, 1] and index.tolist() == [0, 1, 0, 1]
     other_mask = mask.clone()
     other_mask[2, 0] = 1  # the same ids under another mask are another prompt
-    first, index = _distinct_rows(ids, other_mask)
+    first, index = distinct_rows(ids, other_mask)
     assert first.tolist() == [0, 1, 2] and index.tolist() == [0, 1, 2, 1]
-    assert _distinct_rows(ids[:2], mask[:2]) == (None, None)
-    assert _distinct_rows(ids[:1], mask[:1]) == (None, None)
+    assert distinct_rows(ids[:2], mask[:2]) == (None, None)
+    assert distinct_rows(ids[:1], mask[:1]) == (None, None)
 
 
 def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):

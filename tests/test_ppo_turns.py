@@ -19,7 +19,7 @@ from test_magrpo import adapter_state
 from test_ppo import tiny_ppo, value_heads
 
 import llm_envs
-from agents.policy import Generation
+from agents.generation import Generation
 from baselines import cory, ppo
 from baselines.experience import gae, make_experience, token_rewards, turn_ends
 from baselines.metrics import read_metrics

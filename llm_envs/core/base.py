@@ -26,6 +26,27 @@ and infos). Rewards are 0 on every other step. The stop token itself is not part
 ``attention_mask`` (L), then, in token mode, ``action_mask`` (V), as a
 ``Box(0, high, (2L [+ V],), int64)`` whose ``high`` is V-1 on the ids and 1 elsewhere. Use
 :meth:`LLMEnvCore.split_flat` to cut one back into its parts.
+
+A tokenizer per agent
+---------------------
+``tokenizer`` may be a mapping ``{agent: tokenizer}`` naming exactly the env's agents (values: objects,
+names or paths). Everything token-level above is then per agent: V (the spaces' bounds, ``Discrete(V)``,
+the action mask's length), the pad id, the stop ids, the chat template (on where the agent's tokenizer
+has one) and the encoding and decoding of its prompts and actions. Text is the interface between
+agents: a response that another agent's prompt holds is spliced in as the writer's ids only when the
+reader has the writer's tokenizer, otherwise as its text encoded with the reader's. ``tokenizer_of``,
+``vocab_size_of``, ``pad_token_id_of``, ``stop_token_ids_of`` and ``chat_template_of`` answer per
+agent; ``tokenizer`` (and ``vocab_size``, ...) raise :class:`MixedTokenizersError` where the agents
+differ.
+
+>>> import llm_envs
+>>> from llm_envs.tokenizers import load_tokenizer
+>>> tok = load_tokenizer(None)
+>>> env = llm_envs.make("writing/xsum-v0", tokenizer={"brief": tok, "detailed": tok})
+>>> env.tokenizer is env.tokenizer_of("detailed") is tok  # one tokenizer for all: the single-tokenizer env
+True
+>>> env.vocab_size_of("brief"), env.chat_template_of("detailed")
+(49152, True)
 """
 
 from __future__ import annotations
@@ -87,17 +108,58 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _check_stop_ids(ids: Any, vocab_size: int) -> list[int]:
+def _check_stop_ids(ids: Any, vocab_size: int, name: str = "stop_token_ids") -> list[int]:
     if ids is None:
         return []
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset, np.ndarray)):
-        raise ValueError(f"stop_token_ids must be a sequence of token ids, got {ids!r}.")
+        raise ValueError(f"{name} must be a sequence of token ids, got {ids!r}.")
     out = []
     for t in ids:
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
-            raise ValueError(f"stop_token_ids must hold token ids in [0, {vocab_size - 1}], got {t!r} in {ids!r}.")
+            raise ValueError(f"{name} must hold token ids in [0, {vocab_size - 1}], got {t!r} in {ids!r}.")
         out.append(int(t))
     return out
+
+
+def _check_agent_keys(name: str, mapping: Mapping[Any, Any], agents: Sequence[str], every: bool) -> None:
+    """A per-agent mapping must use the env's agent names (all of them when ``every``)."""
+    unknown = [k for k in mapping if k not in agents]
+    missing = [a for a in agents if a not in mapping] if every else []
+    if unknown or missing:
+        need = "exactly" if every else "only"
+        raise ValueError(
+            f"{name} as a mapping must name {need} the env's agents {list(agents)}; got unknown {unknown}"
+            + (f", missing {missing}" if every else "") + "."
+        )
+
+
+class MixedTokenizersError(RuntimeError):
+    """Asked an env whose agents have different tokenizers for the one tokenizer (or vocabulary size,
+    pad id, ...) of all its agents: ask per agent instead (``env.tokenizer_of(agent)``, ...)."""
+
+
+class AgentTokens:
+    """One agent's tokenizer and what the env derives from it: vocabulary size V, pad id, stop ids
+    (EOS, pad and any extra ``stop_token_ids``) and whether its prompts get the chat template. Agents
+    with the same tokenizer and stop ids share one object."""
+
+    def __init__(self, handle: TokenizerHandle, pad_token_id: int, stop_token_ids: frozenset[int],
+                 chat_template: bool, token_mode: bool) -> None:
+        self.handle = handle
+        self.vocab_size = len(handle.tokenizer)
+        self.pad_token_id = pad_token_id
+        self.stop_token_ids = stop_token_ids
+        self.chat_template = chat_template
+        if token_mode:
+            self.mask_open = np.ones(self.vocab_size, np.int8)
+            self.mask_wait = np.zeros(self.vocab_size, np.int8)
+            self.mask_wait[pad_token_id] = 1
+            for arr in (self.mask_open, self.mask_wait):
+                arr.flags.writeable = False
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.handle.tokenizer
 
 
 class LLMEnvCore:
@@ -106,7 +168,8 @@ class LLMEnvCore:
     Args:
         task: the :class:`~llm_envs.core.task.Task`.
         tokenizer: an HF tokenizer object, name or path; ``None`` for the embedded default
-            (SmolLM2-135M-Instruct).
+            (SmolLM2-135M-Instruct); or a mapping ``{agent: tokenizer}`` naming exactly the env's
+            agents, to give each agent its own (see the module docstring).
         max_prompt_tokens: longest prompt; the observation length L in response mode (prompts are
             left-padded to it); token mode adds ``max_new_tokens`` for the response so far.
         max_new_tokens: action length (longest response, in tokens).
@@ -115,7 +178,8 @@ class LLMEnvCore:
         max_cycles: truncate after this many turns (default: ``num_turns``, so episodes terminate).
         render_mode: ``"ansi"`` (``render()`` returns the transcript) or ``"human"`` (prints it).
         chat_template: apply the tokenizer's chat template to prompts (default: the task's default,
-            and only when the tokenizer has a template).
+            and only when the tokenizer has a template; per agent with a tokenizer per agent, and
+            ``True`` raises naming an agent whose tokenizer has none).
         prompt_overflow: ``"error"`` (default) raises when a prompt exceeds ``max_prompt_tokens``;
             ``"truncate_left"`` keeps its last L tokens and reports ``prompt_truncated=1`` in infos.
         step_unit: ``"response"`` (default: one response per step) or ``"token"`` (one token per
@@ -124,7 +188,8 @@ class LLMEnvCore:
         stop_token_ids: token ids that end a response besides the tokenizer's EOS and pad ids, e.g.
             every EOS id of a model's generation config (Llama 3 Instruct: ``<|eot_id|>``,
             ``<|eom_id|>``, ``<|end_of_text|>``). Pass the policy's ``eos_token_ids`` so that the env
-            cuts a response exactly where the policy stopped generating it.
+            cuts a response exactly where the policy stopped generating it. A mapping ``{agent: ids}``
+            gives each agent its own (required when the agents have different tokenizers).
         transition: what each agent sees on later turns (:mod:`llm_envs.transitions`): ``None`` for the
             task's own feedback (default), a registered name (``"level-feedback"``, ``"plain"``), an
             import path ``"module:function"`` or a callable object (``agents.ExpertTransition``). With
@@ -185,57 +250,37 @@ class LLMEnvCore:
         from llm_envs import transitions
 
         self.transition_name, self.transition = transitions.resolve(transition)
-        self._tok = TokenizerHandle(tokenizer)
-        tok = self._tok.tokenizer
-        self.vocab_size = len(tok)
-        eos, pad = tok.eos_token_id, tok.pad_token_id
-        if pad is None:
-            pad = eos
-        if pad is None:
-            raise ValueError(
-                "The tokenizer has neither a pad nor an EOS token; set tokenizer.pad_token before making the env."
-            )
-        self.pad_token_id = int(pad)
-        self.stop_token_ids = frozenset(
-            [int(t) for t in (eos, pad) if t is not None] + _check_stop_ids(stop_token_ids, self.vocab_size)
-        )
-        has_template = bool(getattr(tok, "chat_template", None))
-        wanted = task.use_chat_template if chat_template is None else chat_template
-        if chat_template and not has_template:
-            raise ValueError("chat_template=True but the tokenizer has no chat template.")
-        self.chat_template = bool(wanted and has_template)
-
         self.possible_agents = list(task.roles)
         self.agents: list[str] = []
-        T, V = self.max_new_tokens, self.vocab_size
         token_mode = self.step_unit == "token"
+        self._agent_tokens = self._resolve_tokenizers(tokenizer, stop_token_ids, chat_template, token_mode)
+        handles = {id(r.handle): r.handle for r in self._agent_tokens.values()}
+        # The one tokenizer of every agent, else None (a mixed team: ask per agent).
+        self._tok: TokenizerHandle | None = next(iter(handles.values())) if len(handles) == 1 else None
+        # Values every agent shares (the single-tokenizer attributes); a mixed team lacks some.
+        self._shared: dict[str, Any] = {}
+        for name in ("vocab_size", "pad_token_id", "stop_token_ids", "chat_template"):
+            values = {getattr(r, name) for r in self._agent_tokens.values()}
+            if len(values) == 1:
+                self._shared[name] = values.pop()
+
+        T = self.max_new_tokens
         # Token mode: room for the whole response after the longest prompt (module docstring).
         L = self.max_prompt_tokens + (T if token_mode else 0)
         self.obs_length = L
-        parts: dict[str, spaces.Box] = {
-            "observation": spaces.Box(0, V - 1, (L,), np.int64),
-            "attention_mask": spaces.Box(0, 1, (L,), np.int8),
-        }
-        if token_mode:
-            parts["action_mask"] = spaces.Box(0, 1, (V,), np.int8)
-        obs_space: spaces.Space
-        if self.obs_format == "flat":
-            high = np.concatenate([np.full(L, V - 1, np.int64), np.ones(L + (V if token_mode else 0), np.int64)])
-            obs_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
-        else:
-            obs_space = spaces.Dict(parts)
-        act_space: spaces.Space = spaces.Discrete(V) if token_mode else spaces.Box(0, V - 1, (T,), np.int64)
-        # One space object per agent, returned as the same object on every call (PettingZoo checks).
-        self.observation_spaces = {a: obs_space if i == 0 else _copy_space(obs_space)
-                                   for i, a in enumerate(self.possible_agents)}
-        self.action_spaces = {a: act_space if i == 0 else _copy_space(act_space)
-                              for i, a in enumerate(self.possible_agents)}
-        if token_mode:
-            self._mask_open = np.ones(V, np.int8)
-            self._mask_wait = np.zeros(V, np.int8)
-            self._mask_wait[self.pad_token_id] = 1
-            for arr in (self._mask_open, self._mask_wait):
-                arr.flags.writeable = False
+        # One space object per agent, returned as the same object on every call (PettingZoo checks);
+        # each agent's bounds come from its own vocabulary size.
+        self.observation_spaces: dict[str, spaces.Space] = {}
+        self.action_spaces: dict[str, spaces.Space] = {}
+        built: dict[int, tuple[spaces.Space, spaces.Space]] = {}
+        for agent in self.possible_agents:
+            V = self._agent_tokens[agent].vocab_size
+            if V in built:
+                obs_space, act_space = (_copy_space(s) for s in built[V])
+            else:
+                obs_space, act_space = built[V] = self._build_spaces(V)
+            self.observation_spaces[agent] = obs_space
+            self.action_spaces[agent] = act_space
         self.info_keys = (
             "turn",
             "task_index",
@@ -263,14 +308,176 @@ class LLMEnvCore:
         self._np_random: np.random.Generator | None = None
         self._np_random_seed: int | None = None
 
+    def _resolve_tokenizers(
+        self, tokenizer: Any, stop_token_ids: Any, chat_template: bool | None, token_mode: bool
+    ) -> dict[str, AgentTokens]:
+        """Each agent's :class:`AgentTokens`, from one tokenizer spec or a mapping agent -> spec. Every
+        key and value is checked before the env keeps anything."""
+        agents = self.possible_agents
+        team = isinstance(tokenizer, Mapping)
+        if team:
+            _check_agent_keys("tokenizer", tokenizer, agents, every=True)
+        if isinstance(stop_token_ids, Mapping):
+            _check_agent_keys("stop_token_ids", stop_token_ids, agents, every=False)
+        handles: dict[str, TokenizerHandle] = {}
+        if team:
+            by_object: dict[int, TokenizerHandle] = {}
+            for agent in agents:
+                try:
+                    handle = TokenizerHandle(tokenizer[agent])
+                except OSError as err:
+                    raise OSError(f"The tokenizer of agent {agent!r}: {err}") from err
+                # Agents given the same tokenizer (object, or name through the process cache) share it.
+                handles[agent] = by_object.setdefault(id(handle.tokenizer), handle)
+        else:
+            handles = dict.fromkeys(agents, TokenizerHandle(tokenizer))
+        mixed = len({id(h) for h in handles.values()}) > 1
+        if mixed and stop_token_ids is not None and not isinstance(stop_token_ids, Mapping):
+            raise ValueError(
+                f"The agents of this env have different tokenizers, so stop_token_ids must be a mapping "
+                f"{{agent: token ids}} (agents {agents}), got {_short(stop_token_ids)}."
+            )
+        records: dict[str, AgentTokens] = {}
+        shared_records: dict[tuple[int, frozenset[int]], AgentTokens] = {}
+        for agent in agents:
+            handle = handles[agent]
+            tok = handle.tokenizer
+            whose = f"The tokenizer of agent {agent!r}" if mixed else "The tokenizer"
+            eos, pad = tok.eos_token_id, tok.pad_token_id
+            if pad is None:
+                pad = eos
+            if pad is None:
+                raise ValueError(
+                    f"{whose} has neither a pad nor an EOS token; set "
+                    f"{'its' if mixed else 'tokenizer.'}pad_token before making the env."
+                )
+            if isinstance(stop_token_ids, Mapping):
+                extra = _check_stop_ids(stop_token_ids.get(agent), len(tok), f"stop_token_ids[{agent!r}]")
+            else:
+                extra = _check_stop_ids(stop_token_ids, len(tok))
+            stops = frozenset([int(t) for t in (eos, pad) if t is not None] + extra)
+            has_template = bool(getattr(tok, "chat_template", None))
+            if chat_template and not has_template:
+                if mixed:
+                    raise ValueError(
+                        f"chat_template=True but the tokenizer of agent {agent!r} has no chat template; leave "
+                        "chat_template unset to apply each agent's template where its tokenizer has one."
+                    )
+                raise ValueError("chat_template=True but the tokenizer has no chat template.")
+            wanted = self.task.use_chat_template if chat_template is None else chat_template
+            key = (id(handle), stops)
+            if key not in shared_records:
+                shared_records[key] = AgentTokens(handle, int(pad), stops, bool(wanted and has_template), token_mode)
+            records[agent] = shared_records[key]
+        return records
+
+    def _build_spaces(self, V: int) -> tuple[spaces.Space, spaces.Space]:
+        """(observation space, action space) of an agent whose vocabulary has V tokens."""
+        T, L = self.max_new_tokens, self.obs_length
+        token_mode = self.step_unit == "token"
+        parts: dict[str, spaces.Box] = {
+            "observation": spaces.Box(0, V - 1, (L,), np.int64),
+            "attention_mask": spaces.Box(0, 1, (L,), np.int8),
+        }
+        if token_mode:
+            parts["action_mask"] = spaces.Box(0, 1, (V,), np.int8)
+        obs_space: spaces.Space
+        if self.obs_format == "flat":
+            high = np.concatenate([np.full(L, V - 1, np.int64), np.ones(L + (V if token_mode else 0), np.int64)])
+            obs_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
+        else:
+            obs_space = spaces.Dict(parts)
+        act_space: spaces.Space = spaces.Discrete(V) if token_mode else spaces.Box(0, V - 1, (T,), np.int64)
+        return obs_space, act_space
+
     # ----------------------------------------------------------------------------------- tokenizer
     @property
     def tokenizer(self) -> Any:
         """The tokenizer this env encodes prompts and decodes actions with (read-only): the same object
         the env uses, so ``env.tokenizer.decode(obs["observation"][mask == 1])`` is the prompt as text
         and ``env.tokenizer(text, add_special_tokens=False)["input_ids"]`` is a response as token ids.
-        Copies of an env (``copy.deepcopy``, vector envs) share it."""
+        Copies of an env (``copy.deepcopy``, vector envs) share it. When the agents have different
+        tokenizers there is no one tokenizer: this raises :class:`MixedTokenizersError`; use
+        :meth:`tokenizer_of` or :attr:`tokenizers`."""
+        if self._tok is None:
+            raise MixedTokenizersError(
+                f"The agents of env {self.env_id} have different tokenizers "
+                f"({self._describe_tokenizers()}): use env.tokenizer_of(agent) or env.tokenizers."
+            )
         return self._tok.tokenizer
+
+    @property
+    def tokenizers(self) -> dict[str, Any]:
+        """Each agent's tokenizer, ``{agent: tokenizer}`` (a new dict; the objects are the env's own)."""
+        return {a: r.handle.tokenizer for a, r in self._agent_tokens.items()}
+
+    @property
+    def mixed_tokenizers(self) -> bool:
+        """Whether the agents have different tokenizers (then :attr:`tokenizer`, :attr:`vocab_size`, ...
+        may raise :class:`MixedTokenizersError`: ask per agent)."""
+        return self._tok is None
+
+    def tokenizer_of(self, agent: str) -> Any:
+        """The tokenizer ``agent``'s observations are encoded with and its actions decoded with."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].handle.tokenizer
+
+    def vocab_size_of(self, agent: str) -> int:
+        """V of ``agent``: its observations' ids and its actions lie in ``[0, V-1]``."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].vocab_size
+
+    def pad_token_id_of(self, agent: str) -> int:
+        """The id ``agent``'s observations are left-padded with (its tokenizer's pad id, else EOS)."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].pad_token_id
+
+    def stop_token_ids_of(self, agent: str) -> frozenset[int]:
+        """The ids that end ``agent``'s response: its tokenizer's EOS and pad, and its ``stop_token_ids``."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].stop_token_ids
+
+    def chat_template_of(self, agent: str) -> bool:
+        """Whether ``agent``'s prompts are rendered with its tokenizer's chat template."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        """V, when every agent has the same (else :class:`MixedTokenizersError`: see :meth:`vocab_size_of`)."""
+        return self._shared_value("vocab_size")
+
+    @property
+    def pad_token_id(self) -> int:
+        """The pad id, when every agent has the same (else see :meth:`pad_token_id_of`)."""
+        return self._shared_value("pad_token_id")
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The stop ids, when every agent has the same (else see :meth:`stop_token_ids_of`)."""
+        return self._shared_value("stop_token_ids")
+
+    @property
+    def chat_template(self) -> bool:
+        """Whether prompts get the chat template, when that holds for every agent (else see
+        :meth:`chat_template_of`)."""
+        return self._shared_value("chat_template")
+
+    def _shared_value(self, name: str) -> Any:
+        try:
+            return self._shared[name]
+        except KeyError:
+            per_agent = {a: getattr(r, name) for a, r in self._agent_tokens.items()}
+            raise MixedTokenizersError(
+                f"The agents of env {self.env_id} have different tokenizers, and their {name} differs "
+                f"({_short(per_agent, 200)}): use env.{name}_of(agent)."
+            ) from None
+
+    def _describe_tokenizers(self) -> str:
+        return ", ".join(
+            f"{a}: {r.handle.spec or type(r.handle.tokenizer).__name__} (V={r.vocab_size})"
+            for a, r in self._agent_tokens.items()
+        )
 
     # ----------------------------------------------------------------------------------- spaces
     def observation_space(self, agent: str) -> spaces.Space:
@@ -351,20 +558,32 @@ class LLMEnvCore:
         )
 
     # ------------------------------------------------------------------------------ prompts
-    def _encode_text(self, text: str) -> list[int]:
-        tok = self._tok.tokenizer
+    def _encode_text(self, text: str, agent: str) -> list[int]:
+        tok = self._agent_tokens[agent].handle.tokenizer
         return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Token ids of a task prompt: chat template if on; Response parts spliced as their ids."""
+    def _response_ids_for(self, response: Response, reader: str) -> Sequence[int]:
+        """A Response part of ``reader``'s prompt as ``reader``'s token ids: its own ids when its writer
+        has the reader's tokenizer, else its text encoded with the reader's (text is the interface)."""
+        if self._tok is not None:
+            return response.ids
+        writer = self._agent_tokens.get(response.agent) if response.agent is not None else None
+        if writer is not None and writer.handle is self._agent_tokens[reader].handle:
+            return response.ids
+        return self._encode_text(response.text, reader) if response.text else []
+
+    def _prompt_ids(self, prompt: Prompt, role: str) -> list[int]:
+        """Token ids of a task prompt for ``role``: its chat template if on; Response parts spliced as
+        their ids (re-encoded from their text for a role with another tokenizer than the writer's)."""
         parts: Sequence[str | Response] = [prompt] if isinstance(prompt, str) else list(prompt)
         for part in parts:
             if not isinstance(part, (str, Response)):
                 raise TypeError(f"Prompt parts must be str or Response, got {type(part).__name__}: {part!r}.")
         responses = [p for p in parts if isinstance(p, Response)]
         text = "".join(_SPLICE if isinstance(p, Response) else p for p in parts)
-        tok = self._tok.tokenizer
-        if self.chat_template:
+        record = self._agent_tokens[role]
+        tok = record.handle.tokenizer
+        if record.chat_template:
             text = tok.apply_chat_template(
                 [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
             )
@@ -372,9 +591,9 @@ class LLMEnvCore:
             ids: list[int] = []
             for i, piece in enumerate(pieces):
                 if piece:
-                    ids.extend(self._encode_text(piece))
+                    ids.extend(self._encode_text(piece, role))
                 if i < len(responses):
-                    ids.extend(responses[i].ids)
+                    ids.extend(self._response_ids_for(responses[i], role))
             return ids
         pieces = text.split(_SPLICE)
         ids = []
@@ -383,7 +602,7 @@ class LLMEnvCore:
                 # Only the first piece gets the tokenizer's special prefix (BOS for Llama-style ones).
                 ids.extend(tok(piece, add_special_tokens=(i == 0))["input_ids"])
             if i < len(responses):
-                ids.extend(responses[i].ids)
+                ids.extend(self._response_ids_for(responses[i], role))
         return ids
 
     def _task_prompt(self, role: str, context: Context) -> Prompt:
@@ -449,7 +668,7 @@ class LLMEnvCore:
         if episode_key in self._episode_cache:
             return self._episode_cache[episode_key]
         prompt = self._task_prompt(role, self._context())
-        ids = self._prompt_ids(prompt)
+        ids = self._prompt_ids(prompt, role)
         L = self.max_prompt_tokens
         truncated = 0
         if len(ids) > L:
@@ -462,14 +681,15 @@ class LLMEnvCore:
             ids = ids[-L:]
             truncated = 1
         n = len(ids)
-        obs = np.full(L, self.pad_token_id, dtype=np.int64)
+        record = self._agent_tokens[role]
+        obs = np.full(L, record.pad_token_id, dtype=np.int64)
         mask = np.zeros(L, dtype=np.int8)
         if n:
             obs[L - n :] = ids
             mask[L - n :] = 1
         obs.flags.writeable = False
         mask.flags.writeable = False
-        text = self._tok.tokenizer.decode(ids, skip_special_tokens=False)
+        text = record.handle.tokenizer.decode(ids, skip_special_tokens=False)
         entry = (obs, mask, n, truncated, text)
         if cacheable:
             if len(self._obs_cache) >= OBS_CACHE_SIZE:  # generated splits have unbounded task indices
@@ -486,7 +706,7 @@ class LLMEnvCore:
         L, P = self.obs_length, self.max_prompt_tokens
         response = self._response_ids[role] if self.step_unit == "token" else []
         k = len(response)
-        obs = np.full(L, self.pad_token_id, dtype=np.int64)
+        obs = np.full(L, self._agent_tokens[role].pad_token_id, dtype=np.int64)
         attention = np.zeros(L, dtype=np.int8)
         obs[L - k - n : L - k] = ids[P - n :]
         if k:
@@ -504,12 +724,14 @@ class LLMEnvCore:
 
     def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """Cut a flat observation (``obs_format="flat"``, any leading batch axes) back into the Dict's
-        parts: ``observation``, ``attention_mask`` and, in token mode, ``action_mask`` (as views)."""
+        parts: ``observation``, ``attention_mask`` and, in token mode, ``action_mask`` (as views). With
+        a tokenizer per agent any agent's flat observation is accepted (its length tells its V)."""
         arr = np.asarray(flat)
-        size = self.observation_spaces[self.possible_agents[0]].shape[0]
-        if arr.shape[-1:] != (size,):
+        sizes = sorted({self.observation_spaces[a].shape[0] for a in self.possible_agents})
+        if arr.shape[-1:] not in [(size,) for size in sizes]:
+            which = f"{sizes[0]}" if len(sizes) == 1 else f"one of {sizes} (by agent)"
             raise ValueError(
-                f"A flat observation of this env has {size} entries on its last axis, got shape {arr.shape}."
+                f"A flat observation of this env has {which} entries on its last axis, got shape {arr.shape}."
             )
         L = self.obs_length
         out = {"observation": arr[..., :L], "attention_mask": arr[..., L : 2 * L]}
@@ -526,7 +748,7 @@ class LLMEnvCore:
         if self.step_unit == "token" and self._response_ids[agent]:
             n, P = entry[2], self.max_prompt_tokens
             ids = entry[0][P - n :].tolist() + self._response_ids[agent]
-            return self._tok.tokenizer.decode(ids, skip_special_tokens=False)
+            return self._agent_tokens[agent].handle.tokenizer.decode(ids, skip_special_tokens=False)
         return entry[4]
 
     # ------------------------------------------------------------------------------ token mode
@@ -541,12 +763,14 @@ class LLMEnvCore:
         if self.step_unit != "token":
             raise RuntimeError("action_mask() exists in token mode only; make the env with step_unit='token'.")
         self._require_started()
-        return (self._mask_open if self._composing(agent) else self._mask_wait).copy()
+        record = self._agent_tokens[agent]
+        return (record.mask_open if self._composing(agent) else record.mask_wait).copy()
 
     def parse_token(self, agent: str, action: Any) -> int:
         """Token mode: validate one action (a single token id) of ``agent`` against its range and its
         action mask. Raises ``TypeError``/``ValueError`` naming the agent and the value; changes nothing."""
-        V = self.vocab_size
+        record = self._agent_tokens[agent]
+        V = record.vocab_size
         if isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)):
             token = int(action)
         elif isinstance(action, np.ndarray) and action.ndim == 0 and np.issubdtype(action.dtype, np.integer):
@@ -558,10 +782,10 @@ class LLMEnvCore:
             )
         if not 0 <= token < V:
             raise ValueError(f"Action of agent {agent!r} is token id {token}, out of range [0, {V - 1}].")
-        if token != self.pad_token_id and not self._composing(agent):
+        if token != record.pad_token_id and not self._composing(agent):
             raise ValueError(
                 f"Agent {agent!r} is not composing a response now (it has finished this turn's response or it "
-                f"is not its turn): its action mask allows only the pad id {self.pad_token_id}, got {token}."
+                f"is not its turn): its action mask allows only the pad id {record.pad_token_id}, got {token}."
             )
         return token
 
@@ -575,11 +799,11 @@ class LLMEnvCore:
     def _push_token(self, agent: str, token: int) -> Response | None:
         """Add a validated token to the agent's response; the Response once it has ended, else None."""
         ids = self._response_ids[agent]
-        if token not in self.stop_token_ids:
+        if token not in self._agent_tokens[agent].stop_token_ids:
             ids.append(token)
             if len(ids) < self.max_new_tokens:
                 return None
-        response = self._make_response(ids)
+        response = self._make_response(agent, ids)
         self._finished[agent] = response
         return response
 
@@ -591,13 +815,14 @@ class LLMEnvCore:
     def parse_action(self, agent: str, action: Any) -> Response:
         """Validate an action (token ids, or a string to tokenize) and turn it into a Response.
 
-        Token ids: a 1-D integer array (or list) of at most ``max_new_tokens`` ids in ``[0, V-1]``;
-        everything from the first EOS/pad id on is ignored. Raises ``ValueError``/``TypeError`` naming
-        the agent and the value; nothing in the env changes.
+        Token ids: a 1-D integer array (or list) of at most ``max_new_tokens`` ids in ``[0, V-1]`` (V and
+        the tokenizer are the agent's own); everything from the first EOS/pad id on is ignored. Raises
+        ``ValueError``/``TypeError`` naming the agent and the value; nothing in the env changes.
         """
-        T, V = self.max_new_tokens, self.vocab_size
+        record = self._agent_tokens[agent]
+        T, V = self.max_new_tokens, record.vocab_size
         if isinstance(action, str):
-            ids = self._encode_text(action)
+            ids = self._encode_text(action, agent)
             if len(ids) > T:
                 raise ValueError(
                     f"Action of agent {agent!r}: the text is {len(ids)} tokens long, more than "
@@ -625,12 +850,14 @@ class LLMEnvCore:
                     f"Action of agent {agent!r} has token ids out of range [0, {V - 1}]: {bad[:5].tolist()}."
                 )
             ids = arr.tolist()
-        end = next((i for i, t in enumerate(ids) if t in self.stop_token_ids), len(ids))
-        return self._make_response(ids[:end])
+        stops = record.stop_token_ids
+        end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+        return self._make_response(agent, ids[:end])
 
-    def _make_response(self, ids: Sequence[int]) -> Response:
-        text = self._tok.tokenizer.decode(list(ids), skip_special_tokens=True) if ids else ""
-        return Response(ids=tuple(int(t) for t in ids), text=text)
+    def _make_response(self, agent: str, ids: Sequence[int]) -> Response:
+        tok = self._agent_tokens[agent].handle.tokenizer
+        text = tok.decode(list(ids), skip_special_tokens=True) if ids else ""
+        return Response(ids=tuple(int(t) for t in ids), text=text, agent=agent)
 
     # ------------------------------------------------------------------------------ turns
     def _resolve_turn(self, outputs: Mapping[str, Response]) -> TurnRecord:

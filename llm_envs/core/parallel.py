@@ -6,7 +6,8 @@ previous response) goes into that role's prompt of turn t+1.
 =====================  =================================================================
 Agents                 the task's roles (``env.possible_agents``)
 Observation space      ``Dict(observation=Box(0, V-1, (L,), int64), attention_mask=Box(0, 1, (L,), int8))``,
-                       left-padded with the tokenizer's pad id
+                       left-padded with the tokenizer's pad id (with a tokenizer per agent: each
+                       agent's own V and pad id)
 Action space           ``Box(0, V-1, (max_new_tokens,), int64)``; ids after the first EOS/pad are
                        ignored; a ``str`` is accepted and tokenized
 Reward                 the task's joint reward (or per-role rewards if the task defines them), each turn

@@ -117,9 +117,10 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
         env_id: a registered id (see :func:`list_envs`).
         protocol: ``"parallel"`` (a ``pettingzoo.ParallelEnv``) or ``"sequential"`` (a
             ``pettingzoo.AECEnv``); default: the id's registered protocol.
-        **kwargs: env arguments (``tokenizer``, ``max_prompt_tokens``, ``max_new_tokens``, ``num_turns``,
-            ``max_cycles``, ``render_mode``, ``chat_template``, ``prompt_overflow``, ``step_unit``,
-            ``obs_format``) and task arguments (``data_path``, ...), overriding the id's defaults.
+        **kwargs: env arguments (``tokenizer``: one, or a mapping ``{agent: tokenizer}``;
+            ``max_prompt_tokens``, ``max_new_tokens``, ``num_turns``, ``max_cycles``, ``render_mode``,
+            ``chat_template``, ``prompt_overflow``, ``step_unit``, ``obs_format``, ``stop_token_ids``,
+            ``transition``) and task arguments (``data_path``, ...), overriding the id's defaults.
 
     >>> import llm_envs
     >>> env = llm_envs.make("writing/xsum-v0")

@@ -11,7 +11,9 @@ Termination            after ``num_turns`` turns; truncation after ``max_cycles`
 =====================  =================================================================
 
 ``observe(agent)`` is the agent's prompt given what is visible now: for a role that has not acted
-yet in the current turn it includes the outputs of the roles that already acted.
+yet in the current turn it includes the outputs of the roles that already acted (as their token ids,
+or, when a role has another tokenizer than the writer's, as their text encoded with its own: with
+``tokenizer={agent: tok}`` each agent has its own V, pad id and chat template).
 
 Token mode (``step_unit="token"``; see :mod:`llm_envs.core.base`): the selected agent steps one token
 id (``Discrete(V)``) per step and ``agent_selection`` stays on it until its response ends (EOS/pad,

@@ -39,12 +39,18 @@ class Response:
 
     ids: tuple[int, ...]
     text: str
+    agent: str | None = field(default=None, compare=False, repr=False)
+    """The env agent that wrote it (the env sets it). An agent whose tokenizer differs from the
+    writer's reads the response as its ``text``, re-encoded with its own tokenizer."""
 
 
 PromptPart = Union[str, Response]  # noqa: UP007 (a runtime alias; `|` needs 3.10 objects)
 """A prompt is a string, or a list of strings and :class:`Response` objects. A ``Response`` part is
 spliced into the prompt as its original token ids (not re-tokenized), so that, for example, CORY's
-observer sees the pioneer's tokens exactly as generated."""
+observer sees the pioneer's tokens exactly as generated, when the reading agent has the writer's
+tokenizer. With a tokenizer per agent (``make(id, tokenizer={agent: tok})``) text is the interface:
+an agent with another tokenizer reads the part's text encoded with its own (as does any agent of a
+mixed team for a ``Response`` with no ``agent``)."""
 Prompt = Union[str, Sequence[PromptPart]]  # noqa: UP007
 
 

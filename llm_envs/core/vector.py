@@ -125,8 +125,18 @@ class _Batch:
 
     @property
     def tokenizer(self) -> Any:
-        """The tokenizer of the batch's envs (read-only; every copy shares the first env's)."""
+        """The tokenizer of the batch's envs (read-only; every copy shares the first env's). With a
+        tokenizer per agent this raises ``MixedTokenizersError``: use :meth:`tokenizer_of`."""
         return self.envs[0].tokenizer
+
+    @property
+    def tokenizers(self) -> dict[str, Any]:
+        """Each agent's tokenizer, ``{agent: tokenizer}`` (shared by every env of the batch)."""
+        return self.envs[0].tokenizers
+
+    def tokenizer_of(self, agent: str) -> Any:
+        """``agent``'s tokenizer (shared by every env of the batch)."""
+        return self.envs[0].tokenizer_of(agent)
 
     def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
         """``obs_format="flat"``: cut stacked flat observations (N, D) into their parts (see
@@ -252,7 +262,7 @@ class VectorEnv(_Batch):
             task.prepare_rewards(turns)
 
     def _check_pad(self, i: int, agent: str, action: Any) -> None:
-        pad = self.envs[i].pad_token_id
+        pad = self.envs[i].pad_token_id_of(agent)
         if not (isinstance(action, (int, np.integer)) and not isinstance(action, (bool, np.bool_)) and action == pad):
             shown = int(action) if isinstance(action, np.integer) else action
             raise ValueError(

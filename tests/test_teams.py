@@ -1,0 +1,300 @@
+"""A team of bases (docs/teams.md): agents on different base models with different tokenizers.
+
+The team: a tiny Llama over SmolLM2's default tokenizer (49152 ids) and a tiny Qwen2 over a byte-level
+BPE tokenizer trained here (300 ids), both built from config in the test. The policy groups agents by
+base (agents/team.py); per-agent sampling reaches the engine; checkpoints record each agent's base and
+tokenizer; every learner trains such a team (CORY and the central critics need one tokenizer: a Llama
+and a Qwen2 over SmolLM2's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from tiny_models import tiny_model
+
+from agents import LoraSettings, MultiAgentPolicy, Sampling
+from llm_envs.tokenizers import load_tokenizer
+
+CORPUS = [
+    "The council met on Tuesday to discuss the budget for the coming year.",
+    "Summarize the article in one sentence. The cast was great and the plot was fun.",
+    "Write a short, detailed summary with several sentences about the news.",
+]
+
+
+def byte_bpe(vocab_size: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    raw.train_from_iterator(CORPUS, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_qwen(tokenizer, seed: int = 1, hidden: int = 48, extra_rows: int = 20):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=96, vocab_size=len(tokenizer) + extra_rows,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         max_position_embeddings=2048)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.fixture(scope="module")
+def toks():
+    return load_tokenizer(None), byte_bpe()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(toks, tmp_path_factory):
+    """``llama`` (SmolLM2's tokenizer), ``qwen`` (the BPE tokenizer), ``qwen-smol`` (Qwen2 over SmolLM2's
+    tokenizer, hidden 48: another width than the Llama's 32) as local model directories."""
+    smol, bpe = toks
+    root = tmp_path_factory.mktemp("team")
+    out = {}
+    for name, build, tok in (
+        ("llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
+        ("qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
+        ("qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
+    ):
+        tok.save_pretrained(root / name)
+        # The embedding as large as the tokenizer the envs load (the envs refuse ids beyond it).
+        build(load_tokenizer(str(root / name))).save_pretrained(root / name)
+        out[name] = str(root / name)
+    return out
+
+
+def team(toks, **kwargs):
+    smol, bpe = toks
+    kwargs.setdefault("lora", LoraSettings(rank=4, alpha=8))
+    policy = MultiAgentPolicy({"brief": tiny_model(smol, 0), "detailed": tiny_qwen(bpe)},
+                              {"brief": smol, "detailed": bpe}, ["brief", "detailed"], **kwargs)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for agent in policy.agents:
+            for param in policy.parameters(agent, value_head=False):
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    return policy
+
+
+def prompts(toks):
+    smol, bpe = toks
+    out = {}
+    for agent, tok in (("brief", smol), ("detailed", bpe)):
+        enc = tok(["The council met on Tuesday.", "Summarize the news"], padding=True, return_tensors="pt")
+        out[agent] = (enc.input_ids, enc.attention_mask)
+    return out
+
+
+def test_a_team_groups_agents_by_base(toks):
+    policy = team(toks)
+    assert [g.agents for g in policy.groups] == [("brief",), ("detailed",)]
+    assert policy.group("brief").backend == policy.group("detailed").backend == "engine"
+    assert policy.group("detailed").vocab_size == 320 and policy.pad_token_id_of("detailed") == 0
+    with pytest.raises(AttributeError, match="use policy.group"):
+        _ = policy.model
+    gens = policy.generate_joint(prompts(toks), 2, max_new_tokens=5, seeds=[1, 2])
+    assert set(gens) == {"brief", "detailed"}
+    assert int(gens["detailed"].response_ids.max()) < 320
+    again = policy.generate_joint(prompts(toks), 2, max_new_tokens=5, seeds=[1, 2])
+    for agent in gens:  # seeds repeat
+        assert torch.equal(gens[agent].response_ids, again[agent].response_ids)
+        lp = policy.logprobs(agent, gens[agent].prompt_ids, gens[agent].prompt_mask, gens[agent].response_ids,
+                             gens[agent].response_mask)
+        assert torch.allclose(lp, gens[agent].logprobs, atol=1e-3)
+
+
+def test_greedy_agent_beside_sampling_agent_in_one_decode(toks):
+    smol = toks[0]
+    model = tiny_model(smol, 0)
+    policy = MultiAgentPolicy(model, smol, ["cold", "hot"], lora=LoraSettings(rank=4, alpha=8))
+    enc = smol(["The council met on Tuesday."] * 3, return_tensors="pt")
+    rows = (enc.input_ids, enc.attention_mask)
+    calls = []
+    real = policy.engine.generate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("block_settings"))
+        return real(*args, **kwargs)
+
+    policy.engine.generate = spy
+    settings = {"cold": Sampling(max_new_tokens=6, greedy=True), "hot": Sampling(max_new_tokens=3, temperature=5.0)}
+    torch.manual_seed(0)
+    gens = policy.generate_joint({"cold": rows, "hot": rows}, 2, sampling=settings)
+    assert len(calls) == 1 and calls[0] is not None  # one decode loop, settings per block
+    greedy = gens["cold"].response_ids
+    assert all(torch.equal(greedy[0], row) for row in greedy)  # greedy: every sample the same
+    assert gens["hot"].response_ids.shape[1] <= 3 and greedy.shape[1] <= 6
+    sampled = {tuple(r.tolist()) for r in gens["hot"].response_ids}
+    assert len(sampled) > 1  # hot sampling differs between samples
+    alone = policy.generate("cold", *rows, 2, max_new_tokens=6, greedy=True)
+    assert torch.equal(alone.response_ids, greedy)
+
+
+def test_an_adapter_changes_only_its_own_rows(toks):
+    policy = team(toks)
+    p = prompts(toks)
+    before = policy.generate_joint(p, 1, max_new_tokens=4, greedy=True)
+    scores = {a: policy.logprobs(a, before[a].prompt_ids, before[a].prompt_mask, before[a].response_ids,
+                                 before[a].response_mask).detach() for a in before}
+    with torch.no_grad():
+        for param in policy.parameters("brief", value_head=False):
+            param.add_(0.5)
+    after = {a: policy.logprobs(a, before[a].prompt_ids, before[a].prompt_mask, before[a].response_ids,
+                                before[a].response_mask).detach() for a in before}
+    assert not torch.allclose(after["brief"], scores["brief"])
+    assert torch.equal(after["detailed"], scores["detailed"])
+
+
+def test_full_fine_tuning_beside_lora(toks):
+    smol = toks[0]
+    model = tiny_model(smol, 0)
+    policy = MultiAgentPolicy(model, smol, ["full", "adapted"], lora={"full": None, "adapted": LoraSettings(rank=2)})
+    assert len(policy.groups) == 2 and policy.group("full").full and not policy.group("adapted").full
+    full = policy.parameters("full")
+    assert all(p.requires_grad for p in full)
+    assert sum(p.numel() for p in full) > sum(p.numel() for p in policy.parameters("adapted"))
+    assert {id(p) for p in full}.isdisjoint({id(p) for p in policy.parameters("adapted")})  # its own copy
+
+
+def test_checkpoint_round_trip_and_mismatch_named(toks, tmp_path):
+    policy = team(toks, value_head=True)
+    policy.save(tmp_path / "ckpt")
+    manifest = json.loads((tmp_path / "ckpt" / "policy.json").read_text())
+    assert manifest["team"]["detailed"]["tokenizer"]["size"] == 300
+    assert manifest["team"]["brief"]["base"]["model_type"] == "llama"
+    fresh = team(toks, value_head=True)
+    with torch.no_grad():
+        for p in fresh.parameters("detailed"):
+            p.zero_()
+    fresh.load(tmp_path / "ckpt")
+    for agent in policy.agents:
+        for a, b in zip(policy.parameters(agent), fresh.parameters(agent)):
+            assert torch.equal(a, b)
+    smol, bpe = toks
+    swapped = MultiAgentPolicy({"brief": tiny_model(smol, 0), "detailed": tiny_qwen(byte_bpe(280))},
+                               {"brief": smol, "detailed": byte_bpe(280)}, ["brief", "detailed"],
+                               lora=LoraSettings(rank=4, alpha=8), value_head=True)
+    with pytest.raises(ValueError, match="agent 'detailed' was trained with base model"):
+        swapped.load(tmp_path / "ckpt")
+
+
+def test_mismatched_tokenizer_and_model_refused(toks):
+    smol, bpe = toks
+    with pytest.raises(ValueError, match=r"agent 'detailed': the tokenizer has 49152 tokens but the model's "
+                                         r"embedding has 320 rows"):
+        MultiAgentPolicy({"brief": tiny_model(smol, 0), "detailed": tiny_qwen(bpe)},
+                         {"brief": smol, "detailed": smol}, ["brief", "detailed"])
+    with pytest.raises(ValueError, match="gives no value for agents"):
+        MultiAgentPolicy({"brief": tiny_model(smol, 0)}, smol, ["brief", "detailed"])
+
+
+# ----------------------------------------------------------------------------------------- learners
+def snapshot(run_dir) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    from baselines.checkpoints import find_checkpoint
+
+    policy_dir = find_checkpoint(run_dir) / "policy"
+    return {p.name: load_file(str(p)) for p in sorted(policy_dir.glob("*.adapter.safetensors"))}
+
+
+def learner_settings(tmp_path, name: str, **overrides):
+    settings = dict(num_iterations=2, learning_rate=1e-2, lora_rank=4, lora_alpha=8.0, num_eval_problems=0,
+                    output_dir=str(tmp_path), run_name=name, checkpoint_every=1, tensorboard=False, progress=False)
+    settings.update(overrides)
+    return settings
+
+
+def assert_trained(result, run_dir, agents, steps=(1, 2)):
+    from safetensors.torch import load_file
+
+    for key, value in result.items():
+        if isinstance(value, float):
+            assert math.isfinite(value), key
+    files = {s: {a: load_file(str(run_dir / "checkpoints" / f"step_{s:06d}" / "policy" / f"{a}.adapter.safetensors"))
+                 for a in agents} for s in steps}
+    for agent in agents:  # every agent's weights moved between the two checkpoints
+        a, b = files[steps[0]][agent], files[steps[1]][agent]
+        assert any(not torch.equal(a[k], b[k]) for k in a), agent
+
+
+def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_path, varied_writing_reward):
+    from baselines import magrpo
+
+    config = magrpo.Config(**learner_settings(
+        tmp_path, "magrpo", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
+        agent_settings=("brief.temperature=0.5", "detailed.max_new_tokens=8", "detailed.learning_rate=5e-3",
+                        "detailed.lora_rank=2"),
+        max_source_words=20, num_problems=2, num_generations=2, max_new_tokens=12, temperature=1.0, top_p=1.0,
+        top_k=0, baseline="none"))
+    result = magrpo.main(config)
+    run_dir = tmp_path / "magrpo"
+    assert_trained(result, run_dir, ["brief", "detailed"])
+    trainer = torch.load(run_dir / "checkpoints" / "step_000002" / "optimizers.pt", weights_only=False)
+    assert trainer["detailed"]["param_groups"][0]["lr"] == 5e-3 and trainer["brief"]["param_groups"][0]["lr"] == 1e-2
+    manifest = json.loads((run_dir / "checkpoints" / "step_000002" / "policy" / "policy.json").read_text())
+    detailed = manifest["team"]["detailed"]
+    assert detailed["tokenizer"]["size"] == 300 and detailed["lora"]["rank"] == 2
+    assert result["agent_detailed/response_tokens"] <= 8
+    # --resume continues the run; a resumed run with another model for an agent is refused, naming it.
+    resumed = magrpo.main(dataclasses.replace(config, num_iterations=3, resume=True))
+    assert resumed["charts/iteration"] == 3
+    with pytest.raises(ValueError, match="agent_models|detailed"):
+        magrpo.main(dataclasses.replace(config, num_iterations=4, resume=True, agent_models=()))
+
+
+def test_ppo_team_of_two_tokenizers(model_dirs, tmp_path):
+    from baselines import ppo
+
+    config = ppo.Config(**learner_settings(
+        tmp_path, "ppo", model=model_dirs["llama"], env="writing/xsum-v0", max_source_words=20,
+        agent_models=(f"detailed={model_dirs['qwen']}",), agent_settings=("brief.top_k=5",),
+        batch_size=2, minibatch_size=2, num_ppo_epochs=1, min_new_tokens=3, max_new_tokens=6))
+    result = ppo.main(config)
+    assert_trained(result, tmp_path / "ppo", ["brief", "detailed"])
+
+
+def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward):
+    from baselines import cory, maac
+
+    result = cory.main(cory.Config(**learner_settings(
+        tmp_path, "cory", model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen-smol']}",),
+        agent_settings=("model_1.temperature=0.7",), batch_size=2, minibatch_size=2, num_ppo_epochs=1,
+        min_new_tokens=3, max_new_tokens=6)))
+    assert_trained(result, tmp_path / "cory", ["model_0", "model_1"])
+    result = maac.main(maac.Config(**learner_settings(
+        tmp_path, "maac", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen-smol']}",),
+        max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
+    assert_trained(result, tmp_path / "maac", ["brief", "detailed", "critic"])
+    # The central critic reads every agent's token ids: two tokenizers are refused before training.
+    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
+        maac.main(maac.Config(**learner_settings(
+            tmp_path, "maac-mixed", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
+            max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
+
+
+def test_agent_settings_errors_list_the_valid_names():
+    from baselines import magrpo
+
+    with pytest.raises(ValueError, match="unknown field 'temp' .*valid fields: temperature, top_p"):
+        magrpo.Config(agent_settings=("brief.temp=1",))
+    with pytest.raises(ValueError, match=r"brief.top_p must be in \(0, 1\]"):
+        magrpo.Config(agent_settings=("brief.top_p=2",))
+    with pytest.raises(ValueError, match="agent_models entries are agent=MODEL"):
+        magrpo.Config(agent_models=("brief",))
+    with pytest.raises(ValueError, match="unknown agents \\['breif'\\]; valid agents: brief, detailed"):
+        magrpo.Config(agent_settings=("breif.temperature=1",)).check_agents(["brief", "detailed"])
