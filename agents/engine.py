@@ -24,7 +24,9 @@ Sampling matches ``transformers``' ``generate`` with the same processors, in the
 repetition penalty, temperature, top-k, top-p (ties and the always-kept most likely token as there),
 then a draw; greedy decoding takes the arg-max of the processed logits. The log-prob recorded for
 each sampled token is ``log_softmax`` of the *raw* logits (divided by ``logprob_temperature``; 1 by
-default), the quantity :meth:`agents.policy.MultiAgentPolicy.logprobs` recomputes.
+default), the quantity :meth:`agents.policy.MultiAgentPolicy.logprobs` recomputes. Logits are over
+the tokenizer's ids only (``token_count``): an LM head with more rows than the tokenizer has tokens
+(Qwen2.5) never samples those ids, and the log-probs are of that masked distribution, as scoring's.
 
 Draws use one uniform number per row and step (inverse-CDF sampling): from torch's global generator,
 or, when ``seeds`` are given, from one generator per row seeded from (seed, agent, sample), so a row's
@@ -99,6 +101,7 @@ class RolloutEngine(FusedDecoder):
         logprob_temperature: float = 1.0,
         seeds: Sequence[int] | None = None,
         block_settings: Sequence[Mapping[str, Any]] | None = None,
+        token_count: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample ``num_samples`` responses for each prompt row.
 
@@ -111,6 +114,9 @@ class RolloutEngine(FusedDecoder):
                 ``max_new_tokens`` to ``logprob_temperature``), overriding them: the agents of a team
                 sample differently in one decode loop (a greedy agent beside a sampling one); a block's
                 rows stop at its own ``max_new_tokens``. Blocks with equal settings sample together.
+            token_count: the tokenizer's size when the LM head has more rows than it has tokens: only ids
+                below it are sampled, and log-probs are of the distribution over them (what scoring
+                recomputes); ``None``: every row of the head.
 
         Returns (B*G, T) response ids (pad after the first EOS), masks (1 up to and including the
         EOS) and raw log-probs (0 on pads), rows prompt-major within each block as the blocks go.
@@ -204,10 +210,16 @@ class RolloutEngine(FusedDecoder):
         out_logprobs = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
         live = torch.ones(n, dtype=torch.bool, device=device)
         lm_head = self.causal_lm.lm_head
+        head_weight, head_bias = lm_head.weight, lm_head.bias
+        if token_count is not None and token_count < head_weight.shape[0]:
+            # Rows beyond the tokenizer are ids the envs refuse: leave them out of the head, which is
+            # masking their logits to -inf in every processor and log-softmax below.
+            head_weight = head_weight[:token_count]
+            head_bias = None if head_bias is None else head_bias[:token_count]
         steps = 0
         for t in range(max_new_tokens):
             active = live.nonzero().squeeze(1)
-            logits = lm_head(last[active, -1]).float()  # (A, V)
+            logits = F.linear(last[active, -1], head_weight, head_bias).float()  # (A, V)
             if kinds is None:
                 settings = {k: v for k, v in defaults.items() if k != "max_new_tokens"}
                 token, logprob = self._choose(

@@ -74,6 +74,21 @@ class _LogProbRecorder:
         return torch.stack(self.steps, dim=1) if self.steps else response_ids.new_zeros((len(response_ids), 0))
 
 
+class _OutOfVocabularyMask:
+    """Logits processor that masks the ids at or beyond the tokenizer's size (rows of the LM head that
+    are no token: the envs refuse them) to -inf, ahead of the recorder, so that neither greedy nor
+    sampled decoding can choose them and the recorded log-probs are of the masked distribution, the
+    one scoring recomputes."""
+
+    def __init__(self, token_count: int) -> None:
+        self.token_count = token_count
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        scores = scores.clone()
+        scores[:, self.token_count :] = float("-inf")
+        return scores
+
+
 class GenerationMixin:
     """``generate`` and ``generate_joint`` of :class:`agents.policy.MultiAgentPolicy`."""
 
@@ -247,6 +262,7 @@ class GenerationMixin:
             pad_token_id=group.pad_token_id,
             seeds=row_seeds,
             block_settings=None if uniform else kinds,
+            token_count=group.token_count if group.token_count < group.vocab_size else None,
             **kinds[0],
         )
         out: dict[str, Generation] = {}
@@ -371,8 +387,10 @@ class GenerationMixin:
 
         recorder = _LogProbRecorder(logprob_temperature)
         # Our processors run after generate's own (none, with this config) and in this order; the
-        # recorder comes first so it sees the raw logits.
+        # recorder comes first (after the mask of ids beyond the tokenizer) so it sees the raw logits.
         processors = LogitsProcessorList([recorder])
+        if group.token_count < group.vocab_size:
+            processors.insert(0, _OutOfVocabularyMask(group.token_count))
         if repetition_penalty != 1.0:
             processors.append(RepetitionPenaltyLogitsProcessor(repetition_penalty))
         if not greedy:

@@ -27,6 +27,9 @@ reads them), so they are ``log pi(a | s)`` of the untempered policy, the quantit
 recomputes and the learners' importance ratios and KL terms use. They are *not* the log-probs of the
 warped sampling distribution when temperature != 1 or top-p/top-k cut the vocabulary. A repetition
 penalty is applied after the recorder too, so it changes what is sampled, never the recorded values.
+Every distribution (sampled, greedy, recorded, scored) is over the tokenizer's ids only: an LM head
+with more rows than the tokenizer has tokens (Qwen2.5: 151936 rows, 151665 tokens) has those logits
+masked to -inf, so such ids are never chosen and the log-probs sum to 1 over real tokens.
 
 **Positions.** Prompts are left-padded (``prompt_mask`` rows are 0s then 1s) and responses right-padded
 (``response_mask`` rows are 1s then 0s). Position ids are ``cumsum(mask) - 1`` over prompt and
@@ -368,6 +371,13 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
     def _pair(self, group: BaseGroup, prompt_ids, prompt_mask, response_ids, response_mask):
         p_ids, p_mask = self._rows(prompt_ids, prompt_mask, "prompt", group)
         r_ids, r_mask = self._rows(response_ids, response_mask, "response", group)
+        if r_ids.numel() and int(r_ids.max()) >= group.token_count:
+            # Log-probs are over the tokenizer's ids (rows of the head beyond it are masked): an id
+            # beyond it was never sampled and has no log-prob.
+            raise ValueError(
+                f"response_ids must lie below the tokenizer's size {group.token_count} (agents "
+                f"{list(group.agents)}), got max {int(r_ids.max())}"
+            )
         if len(p_ids) != len(r_ids):
             raise ValueError(f"{len(p_ids)} prompts but {len(r_ids)} responses; they must pair row by row")
         return p_ids, p_mask, r_ids, r_mask

@@ -83,10 +83,13 @@ class ScoringMixin:
                 )
             head = group.causal_lm.lm_head
             targets = r_ids.repeat(len(blocks), 1)
+            count = group.token_count  # the head's rows beyond the tokenizer are masked, as in sampling
             if head.bias is None:
-                scores = chosen_logprobs(hidden, head.weight, targets, temperature)  # chunked over the vocabulary
+                # chunked over the vocabulary
+                scores = chosen_logprobs(hidden, head.weight[:count], targets, temperature)
             else:
-                scores = self._token_logprobs(head(hidden), targets, r_mask.repeat(len(blocks), 1), temperature)
+                logits = torch.nn.functional.linear(hidden, head.weight[:count], head.bias[:count])
+                scores = self._token_logprobs(logits, targets, r_mask.repeat(len(blocks), 1), temperature)
             scores = scores.masked_fill(r_mask.repeat(len(blocks), 1) == 0, 0.0)
             values = None
             if value_agent is not None:
@@ -148,6 +151,7 @@ class ScoringMixin:
                 hook.remove()
         if not group.keeps_logits:
             logits = logits[:, keep]
+        logits = logits[..., : group.token_count]  # ids beyond the tokenizer are never sampled (generation.py)
         logprobs = self._token_logprobs(logits, r_ids, r_mask, temperature)
         values = None
         if value_agent is not None:

@@ -89,8 +89,12 @@ class BaseGroup:
         """agent -> its LoRA settings, or ``None`` under full fine-tuning."""
         self.full = lora is None
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.token_count = len(tokenizer)
+        """The tokenizer's ids: the group samples and scores over ``[0, token_count)`` only. An embedding
+        may have more rows (Qwen2.5: 151936 rows, 151665 tokens); the envs refuse those ids, so their
+        logits are masked out of every distribution the group samples from or scores with."""
         names = ", ".join(repr(a) for a in self.agents)
-        if len(tokenizer) > self.vocab_size:
+        if self.token_count > self.vocab_size:
             raise ValueError(
                 f"agent {names}: the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
                 f"{self.vocab_size} rows: they do not belong together (give each agent its own model's tokenizer)"

@@ -108,7 +108,7 @@ def test_a_team_groups_agents_by_base(toks):
         _ = policy.model
     gens = policy.generate_joint(prompts(toks), 2, max_new_tokens=5, seeds=[1, 2])
     assert set(gens) == {"brief", "detailed"}
-    assert int(gens["detailed"].response_ids.max()) < 320
+    assert int(gens["detailed"].response_ids.max()) < 300  # the head's 20 extra rows are masked
     again = policy.generate_joint(prompts(toks), 2, max_new_tokens=5, seeds=[1, 2])
     for agent in gens:  # seeds repeat
         assert torch.equal(gens[agent].response_ids, again[agent].response_ids)
@@ -190,6 +190,58 @@ def test_checkpoint_round_trip_and_mismatch_named(toks, tmp_path):
                                lora=LoraSettings(rank=4, alpha=8), value_head=True)
     with pytest.raises(ValueError, match="agent 'detailed' was trained with base model"):
         swapped.load(tmp_path / "ckpt")
+
+
+def tiny_llama(tokenizer, seed: int = 3, extra_rows: int = 0):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=len(tokenizer) + extra_rows,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def loud_extra_rows(model, token_count: int, scale: float = 100.0):
+    """Head rows beyond the tokenizer set to +-``scale`` times random unit directions: whatever the
+    hidden state, one of them has the largest logit by far, so an unmasked sampler picks them."""
+    head = model.get_output_embeddings().weight
+    extra = head.shape[0] - token_count
+    gen = torch.Generator().manual_seed(11)
+    directions = torch.nn.functional.normalize(torch.randn(extra // 2, head.shape[1], generator=gen), dim=-1)
+    with torch.no_grad():
+        head[token_count:] = scale * torch.cat([directions, -directions])
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("backend", ["engine", "generate"])
+def test_ids_beyond_the_tokenizer_never_sampled_and_scored_alike(toks, arch, backend):
+    from numerics import assert_f32_close
+
+    bpe = toks[1]
+    count = len(bpe)
+    build = tiny_llama if arch == "llama" else tiny_qwen
+    model = loud_extra_rows(build(bpe, extra_rows=20), count)
+    enc = bpe(["The council met on Tuesday.", "Summarize the news"], padding=True, return_tensors="pt")
+    with torch.no_grad():  # unmasked, the head's extra rows win: the test can fail
+        assert bool((model(**enc).logits[:, -1].argmax(-1) >= count).all())
+    policy = MultiAgentPolicy(model, bpe, ["cold", "hot"], lora=LoraSettings(rank=2, alpha=4), backend=backend)
+    assert policy.group("cold").vocab_size == count + 20 and policy.group("cold").token_count == count
+    rows = (enc.input_ids, enc.attention_mask)
+    settings = {"cold": Sampling(max_new_tokens=5, greedy=True), "hot": Sampling(max_new_tokens=5, temperature=1.5)}
+    for seeds in (None, [3, 4]):
+        torch.manual_seed(0)
+        gens = policy.generate_joint({"cold": rows, "hot": rows}, 3, sampling=settings, seeds=seeds)
+        for agent, gen in gens.items():
+            assert gen.response_ids.shape[1] > 0 and int(gen.response_ids.max()) < count, (agent, seeds)
+            # The recorded log-probs are of the masked distribution, the one scoring recomputes.
+            scored = policy.logprobs(agent, gen.prompt_ids, gen.prompt_mask, gen.response_ids,
+                                     gen.response_mask).detach()
+            assert_f32_close(gen.logprobs, scored)
+    with pytest.raises(ValueError, match=f"below the tokenizer's size {count}"):
+        policy.logprobs("cold", gen.prompt_ids, gen.prompt_mask, torch.full_like(gen.response_ids, count),
+                        torch.ones_like(gen.response_mask))
 
 
 def test_mismatched_tokenizer_and_model_refused(toks):
