@@ -21,6 +21,7 @@ ValueError: temperature must be > 0, got 0
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -383,7 +384,8 @@ class LearnerConfig(CoreConfig):
     eval_every: int = 0
     """Evaluate every this many iterations (0: only before and after training)."""
     eval_greedy: bool = True
-    """Greedy decoding at evaluation (else the training sampling settings)."""
+    """Greedy decoding at evaluation (else each agent's training sampling settings); either way each agent
+    keeps its own max new tokens and stop strings."""
     samples_every: int = 10
     """Write the first few episodes of every this many training batches to ``<run>/samples.jsonl``
     (0: none); every evaluation writes all its episodes there."""
@@ -397,6 +399,15 @@ class LearnerConfig(CoreConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_ints(self, {"eval_every": 0, "samples_every": 0, "checkpoint_every": 0})
+
+    def eval_sampling(self, agents: Sequence[str]) -> dict[str, Any] | None:
+        """Each agent's own ``agents.Sampling`` for the evaluations (its max new tokens and stop strings,
+        and its temperature/top-p/top-k when the evaluation samples; greedy stays greedy), or ``None``
+        when no agent has settings of its own (the run's settings then apply to all)."""
+        sampling = self.sampling_kwargs(agents).get("sampling")
+        if sampling is None:
+            return None
+        return {a: dataclasses.replace(s, greedy=True) if self.eval_greedy else s for a, s in sampling.items()}
 
     def check_processes(self, world_size: int) -> None:
         """Raise ``ValueError`` if these settings cannot run on ``world_size`` processes (data-parallel

@@ -37,6 +37,7 @@ def evaluate(
     env_kwargs: Mapping[str, Any] | None = None,
     adapters: Mapping[str, str] | None = None,
     episodes: list[dict[str, Any]] | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
     """Roll the policy on the first ``num_problems`` problems of ``split``, ``num_samples`` episodes
     each, through the env (one batch of problems x samples; sequential envs role by role). Returns
@@ -47,7 +48,11 @@ def evaluate(
     Torch's RNG is forked so that evaluating never changes what training samples next.
 
     ``episodes``: a list to extend with one transcript record per episode (prompts, responses,
-    reward and components; :func:`baselines.samples.episode_records`)."""
+    reward and components; :func:`baselines.samples.episode_records`).
+
+    ``sampling``: policy agent -> its own ``agents.Sampling`` (max new tokens, stop strings,
+    temperature/top-p/top-k, greedy), replacing the keywords above for the agents it names (a team
+    whose agents sample differently; :meth:`baselines.config.LearnerConfig.eval_sampling`)."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     # The env ends a response where the policy stopped generating it (every EOS id of the model).
@@ -76,6 +81,7 @@ def evaluate(
             top_p=top_p,
             top_k=top_k,
             greedy=greedy,
+            sampling=sampling,
         )
     policy.train(was_training)
     first = venv.possible_agents[0]

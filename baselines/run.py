@@ -180,6 +180,7 @@ class Run:
             top_p=config.top_p,
             top_k=config.top_k,
             greedy=config.eval_greedy,
+            sampling=config.eval_sampling(list(self.policy.agents)),
             seed=config.seed,
             env_kwargs=self.env_kwargs,
             adapters=None if self.adapters is None else self.adapters(max(step - 1, 0)),

@@ -284,24 +284,40 @@ def assert_trained(result, run_dir, agents, steps=(1, 2)):
         assert any(not torch.equal(a[k], b[k]) for k in a), agent
 
 
-def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_path, varied_writing_reward):
-    from baselines import magrpo
+def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_path, varied_writing_reward,
+                                                                monkeypatch):
+    from baselines import magrpo, play
 
+    evaluations = []
+    real_play = play.play_episodes
+
+    def spy(*args, **kwargs):  # the evaluations' episodes (training rolls out through play.rollout)
+        steps, returns, infos = real_play(*args, **kwargs)
+        evaluations.append((kwargs, steps))
+        return steps, returns, infos
+
+    monkeypatch.setattr(play, "play_episodes", spy)
     config = magrpo.Config(**learner_settings(
         tmp_path, "magrpo", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
-        agent_settings=("brief.temperature=0.5", "detailed.max_new_tokens=8", "detailed.learning_rate=5e-3",
+        agent_settings=("brief.temperature=0.5", "detailed.max_new_tokens=3", "detailed.learning_rate=5e-3",
                         "detailed.lora_rank=2"),
         max_source_words=20, num_problems=2, num_generations=2, max_new_tokens=12, temperature=1.0, top_p=1.0,
-        top_k=0, baseline="none"))
+        top_k=0, baseline="none", num_eval_problems=2))
     result = magrpo.main(config)
     run_dir = tmp_path / "magrpo"
+    # Evaluations (before and after training) use each agent's own settings, greedy as --eval-greedy says.
+    assert len(evaluations) == 2
+    for kwargs, steps in evaluations:
+        assert kwargs["greedy"] and all(s.greedy for s in kwargs["sampling"].values())
+        lengths = {a: max(int(step[a].response_lengths.max()) for step in steps) for a in ("brief", "detailed")}
+        assert lengths["detailed"] <= 3 < lengths["brief"], lengths
     assert_trained(result, run_dir, ["brief", "detailed"])
     trainer = torch.load(run_dir / "checkpoints" / "step_000002" / "optimizers.pt", weights_only=False)
     assert trainer["detailed"]["param_groups"][0]["lr"] == 5e-3 and trainer["brief"]["param_groups"][0]["lr"] == 1e-2
     manifest = json.loads((run_dir / "checkpoints" / "step_000002" / "policy" / "policy.json").read_text())
     detailed = manifest["team"]["detailed"]
     assert detailed["tokenizer"]["size"] == 300 and detailed["lora"]["rank"] == 2
-    assert result["agent_detailed/response_tokens"] <= 8
+    assert result["agent_detailed/response_tokens"] <= 3
     # --resume continues the run; a resumed run with another model for an agent is refused, naming it.
     resumed = magrpo.main(dataclasses.replace(config, num_iterations=3, resume=True))
     assert resumed["charts/iteration"] == 3
