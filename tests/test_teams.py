@@ -170,6 +170,46 @@ def test_full_fine_tuning_beside_lora(toks):
     assert {id(p) for p in full}.isdisjoint({id(p) for p in policy.parameters("adapted")})  # its own copy
 
 
+def full_beside_lora(toks):
+    smol = toks[0]
+    policy = MultiAgentPolicy(tiny_model(smol, 0), smol, ["brief", "detailed"],
+                              lora={"brief": None, "detailed": LoraSettings(rank=2)})
+    gen = torch.Generator().manual_seed(6)
+    with torch.no_grad():
+        for param in policy.parameters("detailed"):
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    return policy
+
+
+@pytest.mark.parametrize("kind", ["two LoRA bases", "full beside LoRA"])
+def test_each_agent_changes_only_through_its_own_optimizer(toks, kind):
+    policy = team(toks) if kind == "two LoRA bases" else full_beside_lora(toks)
+    optimizers = {a: policy.optimizer(a, lr=1e-2) for a in policy.agents}
+    held = {a: [p for group in opt.param_groups for p in group["params"]] for a, opt in optimizers.items()}
+    for agent in policy.agents:  # exactly its own trainable parameters
+        assert [id(p) for p in held[agent]] == [id(p) for p in policy.parameters(agent)]
+        assert len({id(p) for p in held[agent]}) == len(held[agent]) > 0
+    assert {id(p) for p in held["brief"]}.isdisjoint({id(p) for p in held["detailed"]})
+    trainable = {id(p) for g in policy.groups for m in (g.model, g.reference) if m is not None
+                 for p in m.parameters() if p.requires_grad}
+    assert trainable == {id(p) for a in policy.agents for p in held[a]}  # nothing trainable left out
+    p = prompts(toks) if kind == "two LoRA bases" else {a: prompts(toks)["brief"] for a in policy.agents}
+    gens = policy.generate_joint(p, 2, max_new_tokens=4, seeds=[1, 2])
+    policy.train()
+    for stepped, other in (("brief", "detailed"), ("detailed", "brief")):
+        for opt in optimizers.values():
+            opt.zero_grad()
+        loss = sum(policy.logprobs(a, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask).sum()
+                   for a, g in gens.items())
+        loss.backward()  # both agents get gradients
+        assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in held[other][:1] + held[stepped][:1])
+        before = {a: [p.detach().clone() for p in held[a]] for a in policy.agents}
+        optimizers[stepped].step()
+        assert any(not torch.equal(p, q) for p, q in zip(held[stepped], before[stepped])), stepped
+        assert all(torch.equal(p, q) for p, q in zip(held[other], before[other])), other  # bit-identical
+    policy.eval()
+
+
 def test_checkpoint_round_trip_and_mismatch_named(toks, tmp_path):
     policy = team(toks, value_head=True)
     policy.save(tmp_path / "ckpt")
