@@ -550,7 +550,20 @@ class AgentPerDevicePolicy:
     def generate_joint(self, prompts: Mapping[str, tuple[Any, Any]], num_samples: int = 1, **kwargs: Any) -> dict:
         if not isinstance(prompts, Mapping) or not prompts:
             raise ValueError(f"prompts must be a non-empty mapping agent -> (prompt_ids, prompt_mask), got {prompts!r}")
-        return {a: self._of(a).generate_joint({a: pair}, num_samples, **kwargs)[a] for a, pair in prompts.items()}
+        out = {}
+        for a, pair in prompts.items():
+            own = dict(kwargs)
+            # Per-agent settings (a team's ``sampling`` and ``logprob_temperature`` mappings) go to the
+            # agent's own policy, which knows no other agent.
+            for key in ("sampling", "logprob_temperature"):
+                value = own.pop(key, None)
+                if not isinstance(value, Mapping):
+                    if value is not None:
+                        own[key] = value
+                elif a in value:
+                    own[key] = {a: value[a]}
+            out[a] = self._of(a).generate_joint({a: pair}, num_samples, **own)[a]
+        return out
 
     def generate(self, agent: str, *args: Any, **kwargs: Any) -> Any:
         return self._of(agent).generate(agent, *args, **kwargs)
@@ -589,9 +602,19 @@ class AgentPerDevicePolicy:
     def eval(self) -> AgentPerDevicePolicy:
         return self.train(False)
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
+    def state(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, torch.Tensor]]:
+        """A copy of what :meth:`save` writes (``MultiAgentPolicy.state``), agent by agent."""
+        files: dict[str, dict[str, torch.Tensor]] = {}
+        for agent in self.agents if agents is None else agents:
+            files.update(self._of(agent).state(agents=[agent]))
+        return files
+
+    def save(
+        self, directory: str | os.PathLike[str], state: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    ) -> Path:
         """Every agent's files side by side and one manifest naming all agents (``MultiAgentPolicy``
-        layout); the manifest goes last."""
+        layout); the manifest goes last. ``state``: a :meth:`state` taken earlier, written instead of
+        the live weights."""
         import json
         import shutil
         import tempfile
@@ -604,7 +627,8 @@ class AgentPerDevicePolicy:
         for agent, policy in self.policies.items():
             tmp = Path(tempfile.mkdtemp(prefix=f".{agent}.", dir=root))
             try:
-                policy.save(tmp)
+                own_state = None if state is None else {k: v for k, v in state.items() if k.startswith(f"{agent}.")}
+                policy.save(tmp, own_state)
                 for file in tmp.glob(f"{agent}.*.safetensors"):
                     os.replace(file, root / file.name)
                 own = json.loads((tmp / "policy.json").read_text())

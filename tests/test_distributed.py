@@ -296,6 +296,125 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one_a["eval/total"] == pytest.approx(training_eval(tmp_path / "dp" / "a"), abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def team_dirs(tiny_model_dir, tmp_path_factory):
+    """A two-base team as local model directories: ``brief`` the tiny Llama over SmolLM2's tokenizer,
+    ``detailed`` a tiny Qwen2 over a 300-id byte-level BPE trained in process (tests/test_teams.py)."""
+    from test_teams import byte_bpe, tiny_qwen
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("team-models") / "qwen"
+    bpe = byte_bpe()
+    bpe.save_pretrained(path)
+    # A directory with a Qwen2 config.json loads the tokenizer as Qwen2's (one more special token) in
+    # every process (the workers too): size the model by that tokenizer, loaded as they will load it.
+    tiny_qwen(bpe, extra_rows=0).config.save_pretrained(path)
+    tiny_qwen(AutoTokenizer.from_pretrained(path), extra_rows=0).save_pretrained(path)
+    return {"brief": tiny_model_dir, "detailed": str(path)}
+
+
+def team_config(team_dirs, tmp_path, **overrides):
+    from test_magrpo import tiny_config
+
+    settings = dict(agent_models=(f"detailed={team_dirs['detailed']}",),
+                    agent_settings=("detailed.max_new_tokens=8", "detailed.learning_rate=5e-3"),
+                    num_problems=3, seed_per_problem=True, threads=1, dtype="float32", share_prompts=False,
+                    max_new_tokens=12, num_eval_problems=0, run_name="team")
+    settings.update(overrides)
+    return tiny_config(team_dirs["brief"], tmp_path, **settings)
+
+
+def length_bonus_reward(monkeypatch=None) -> None:
+    """The writing reward + 1e-3 per character (conftest's ``varied_writing_reward``, also for the
+    workers): returns differ within a group, so both agents learn."""
+    from llm_envs.tasks.writing import WritingTask
+
+    real = WritingTask.reward
+
+    def reward(self, problem, outputs):
+        total, components = real(self, problem, outputs)
+        return total + 1e-3 * sum(len(t) for t in outputs.values()), components
+
+    if monkeypatch is None:
+        WritingTask.reward = reward
+    else:
+        monkeypatch.setattr(WritingTask, "reward", reward)
+
+
+def test_magrpo_team_of_two_bases_two_processes_match_one(team_dirs, tmp_path, monkeypatch):
+    """A Llama and a Qwen2 with different tokenizers: 2 gloo processes x 2 iterations == 1 process, as
+    ``test_magrpo_two_processes_match_one`` checks for one base (same bounds)."""
+    from baselines import magrpo
+
+    length_bonus_reward(monkeypatch)
+    config = team_config(team_dirs, tmp_path)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"learner": "team", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
+    threads = torch.get_num_threads()
+    launch = launch_workers(spec)
+    try:
+        magrpo.main(dataclasses.replace(config, output_dir=str(tmp_path / "one")))
+        output, _ = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:  # the launcher and its workers, nothing else: they share a new session
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        torch.set_num_threads(threads)
+    assert launch.returncode == 0, output[-4000:]
+    ranks = [policy_tensors(tmp_path / "dp" / f"team.rank{r}") for r in (0, 1)]
+    saved = policy_tensors(find_checkpoint(tmp_path / "dp" / "team") / "policy")
+    reference = policy_tensors(find_checkpoint(tmp_path / "one" / "team") / "policy")
+    assert ranks[0].keys() == ranks[1].keys() == saved.keys() == reference.keys()
+    assert {k.split("/")[0] for k in reference} == {"brief", "detailed"}
+    moved = {"brief": 0.0, "detailed": 0.0}
+    for key, ref in reference.items():
+        assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
+        assert torch.equal(ranks[0][key], saved[key]), f"checkpoint differs from rank 0 on {key}"
+        torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5, msg=key)
+        moved[key.split("/")[0]] += float(ref.abs().sum()) if "lora_B" in key else 0.0
+    assert all(v > 0 for v in moved.values()), moved  # both agents were trained
+    rows_one, rows_dp = training_rows(tmp_path / "one" / "team"), training_rows(tmp_path / "dp" / "team")
+    assert len(rows_one) == len(rows_dp) == 2
+    for one, two in zip(rows_one, rows_dp, strict=True):
+        assert one.keys() == two.keys()
+        for key in one:
+            assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-5), key
+
+
+def test_agent_per_device_team_of_two_bases_trains(team_dirs, tmp_path, monkeypatch, varied_writing_reward):
+    """Agent-per-device placement of a two-base team through MAGRPO. No CPU machine has the devices,
+    so each agent gets its own name of the CPU ("cpu", "cpu:0"): build_policy then makes the
+    AgentPerDevicePolicy (one single-agent policy per device), which is what is tested."""
+    from safetensors.torch import load_file
+
+    from baselines import magrpo
+
+    built = {}
+    real_build = distributed.build_policy
+
+    def build(*args, **kwargs):
+        built["policy"] = real_build(*args, **kwargs)
+        return built["policy"]
+
+    monkeypatch.setattr(distributed, "device_for", lambda *a, **k: {"brief": "cpu", "detailed": "cpu:0"})
+    monkeypatch.setattr(distributed, "build_policy", build)
+    config = team_config(team_dirs, tmp_path, placement="agent-per-device", num_problems=2, checkpoint_every=1)
+    result = magrpo.main(config)
+    policy = built["policy"]
+    assert isinstance(policy, distributed.AgentPerDevicePolicy)
+    assert policy.policies["detailed"].group("detailed").causal_lm.config.model_type == "qwen2"
+    size = len(policy.tokenizer_of("detailed"))
+    assert size < 400 and len(policy.tokenizer_of("brief")) == 49152
+    assert all(isinstance(v, float) for v in result.values() if not isinstance(v, (str, int)))
+    steps = [find_checkpoint(tmp_path / "team").parent / f"step_{s:06d}" / "policy" for s in (1, 2)]
+    for agent in ("brief", "detailed"):
+        a, b = (load_file(str(d / f"{agent}.adapter.safetensors")) for d in steps)
+        assert any(not torch.equal(a[k], b[k]) for k in a), agent
+        assert any(bool(b[k].abs().sum() > 0) for k in b if "lora_B" in k), agent  # gradients, not decay
+    manifest = json.loads((steps[1] / "policy.json").read_text())
+    assert manifest["team"]["detailed"]["tokenizer"]["size"] == size
+
+
 def training_eval(run_dir: Path) -> float:
     from baselines.metrics import read_metrics
 
@@ -318,6 +437,8 @@ def launch_workers(spec: Path) -> subprocess.Popen:
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # The workers import this checkout (not whichever one the environment installed as editable).
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     command += ["--master_port", str(free_port()), __file__, str(spec)]
@@ -636,6 +757,24 @@ def ppo_worker(spec: dict) -> None:
     captured["policy"].save(out / f"cory_central.rank{rank}")
 
 
+def team_worker(spec: dict) -> None:
+    """One rank of ``test_magrpo_team_of_two_bases_two_processes_match_one``."""
+    from baselines import magrpo
+
+    out = Path(spec["out"])
+    captured = {}
+    build = distributed.build_policy
+
+    def capture(*args, **kwargs):
+        captured["policy"] = build(*args, **kwargs)
+        return captured["policy"]
+
+    distributed.build_policy = capture
+    length_bonus_reward()
+    magrpo.main(magrpo.Config(**{**spec["config"], "output_dir": str(out)}))
+    captured["policy"].save(out / f"team.rank{os.environ['RANK']}")
+
+
 def worker(spec_path: str) -> None:
     """One rank of ``test_magrpo_two_processes_match_one`` (run under torch.distributed.run)."""
     from baselines import magrpo
@@ -650,6 +789,9 @@ def worker(spec_path: str) -> None:
         return
     if spec.get("learner") == "tree":
         tree_worker(spec)
+        return
+    if spec.get("learner") == "team":
+        team_worker(spec)
         return
     out = Path(spec["out"])
     captured = {}
