@@ -53,6 +53,16 @@ def tiny_qwen(tokenizer, seed: int = 1, hidden: int = 48, extra_rows: int = 20):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: the tiny models gain nothing from more, and on a machine shared with other
+    jobs oversubscribed OpenMP threads spin (measured 20x slower passes on 2 busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def toks():
     return load_tokenizer(None), byte_bpe()
