@@ -14,6 +14,7 @@ import pickle
 
 import numpy as np
 import pytest
+import tiny_models
 from env_checks import assert_same
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, render_test, seed_test
 from pettingzoo.utils.conversions import parallel_to_aec
@@ -37,20 +38,7 @@ CORY = dict(max_prompt_tokens=512, prompt_overflow="truncate_left", max_new_toke
 
 
 def byte_bpe(vocab_size: int, chat_template: str | None = None):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    raw.train_from_iterator(CORPUS, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
-    tok.padding_side = "left"
-    if chat_template is not None:
-        tok.chat_template = chat_template
-    return tok
+    return tiny_models.byte_bpe(vocab_size, CORPUS, chat_template)
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import json
 import math
 
 import pytest
+import tiny_models
 import torch
 from tiny_models import tiny_model
 
@@ -28,18 +29,7 @@ CORPUS = [
 
 
 def byte_bpe(vocab_size: int = 300):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    raw.train_from_iterator(CORPUS, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
-    tok.padding_side = "left"
-    return tok
+    return tiny_models.byte_bpe(vocab_size, CORPUS)
 
 
 def tiny_qwen(tokenizer, seed: int = 1, hidden: int = 48, extra_rows: int = 20):

@@ -43,6 +43,9 @@ class ScriptedPolicy:
         self.seeds: list[list[int] | None] = []
         """Per call: the ``seeds=`` it got (None: torch's global RNG)."""
 
+    def pad_token_id_of(self, agent: str) -> int:
+        return self.pad_token_id
+
     def generate_joint(self, prompts, num_samples, seeds=None, **sampling):
         level = len(self.calls)
         self.calls.append({a: len(ids) for a, (ids, _) in prompts.items()})

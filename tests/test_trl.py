@@ -206,7 +206,7 @@ def test_example_trains_grpo_with_our_rewards_on_the_embedded_model(capsys):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    histories = module.main(["--max-steps", "2", "--num-prompts", "1", "--max-completion-length", "24"])
+    histories = module.main(["--max-steps", "2", "--num-prompts", "1", "--max-completion-length", "12"])
     prefixes = {"writing": "tldr", "coding": "coding", "sentiment": "sentiment"}
     for task, history in histories.items():
         steps = [row for row in history if "reward" in row]

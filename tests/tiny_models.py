@@ -32,3 +32,22 @@ def tiny_model(tokenizer: Any, seed: int = 0, extra_eos: Iterable[int] = ()) -> 
     if extra:
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, *extra]
     return model.eval()
+
+
+def byte_bpe(vocab_size: int, corpus: Iterable[str], chat_template: str | None = None) -> Any:
+    """A byte-level BPE tokenizer of ``vocab_size`` ids trained in process on ``corpus`` (pad ``<pad>``,
+    EOS ``<eos>``, left padding): another vocabulary than SmolLM2's for teams of tokenizers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    raw.train_from_iterator(list(corpus), trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>")
+    tok.padding_side = "left"
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
