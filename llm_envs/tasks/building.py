@@ -385,6 +385,17 @@ def house_layers_text(layers: Sequence[Sequence[str]]) -> str:
     return "\n".join(parts)
 
 
+def _team_score(total: float, max_reward: float, components: Mapping[str, float]) -> str:
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in components.items())
+    return f"Team score: {total:.2f} of {max_reward:.2f} ({parts})."
+
+
+def _listed(lines: list[str], limit: int) -> str:
+    """The first ``limit`` lines, then how many more there are."""
+    more = f"\n... and {len(lines) - limit} more" if len(lines) > limit else ""
+    return "\n".join(lines[:limit]) + more
+
+
 def _cell(cell: Cell) -> str:
     return f"({cell[0]}, {cell[1]}, {cell[2]})"
 
@@ -543,14 +554,11 @@ class LettersTask(BuildingTask):
         mode = self.feedback_mode
         if mode == "plain":
             return dict.fromkeys(self.roles, "")
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in components.items())
-        score = f"Team score: {total:.2f} of {self.max_reward:.2f} ({parts})."
+        score = _team_score(total, self.max_reward, components)
         common = []
         if mode in ("full", "wrong"):
             wrong = self.wrong(problem, build)
-            shown = wrong[:MAX_WRONG_SHOWN]
-            more = f"\n... and {len(wrong) - len(shown)} more" if len(wrong) > len(shown) else ""
-            common.append("Wrong cells: " + ("none" if not wrong else "\n" + "\n".join(shown) + more))
+            common.append("Wrong cells: " + ("none" if not wrong else "\n" + _listed(wrong, MAX_WRONG_SHOWN)))
         if mode in ("full", "targets"):
             common.append("Target cells (each must hold a block): " + " ".join(_cell(c) for c in problem["cells"]))
         return {role: "\n".join([_log_line(build, i), *common, score]) for i, role in enumerate(self.roles)}
@@ -660,20 +668,17 @@ class HouseTask(BuildingTask):
         mode = self.feedback_mode
         if mode == "plain":
             return dict.fromkeys(self.roles, "")
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in components.items())
-        score = f"Team score: {total:.2f} of {self.max_reward:.2f} ({parts})."
+        score = _team_score(total, self.max_reward, components)
         common = []
         if mode in ("full", "wrong"):
             wrong = self.wrong_cells(problem, build)
             lines = [f"{_cell(c)}: {build.world.get(c, AIR)}, expected {b}" for c, b in wrong.items()]
-            more = f"\n... and {len(lines) - MAX_WRONG_SHOWN} more" if len(lines) > MAX_WRONG_SHOWN else ""
             common.append(f"Wrong cells ({len(lines)}): " + ("none" if not lines else
-                                                          "\n" + "\n".join(lines[:MAX_WRONG_SHOWN]) + more))
+                                                          "\n" + _listed(lines, MAX_WRONG_SHOWN)))
             rects = boxes(wrong)
             if rects:
-                shown = [fill_line(lo, hi, b) for lo, hi, b in rects[:MAX_RECTS_SHOWN]]
-                extra = f"\n... and {len(rects) - MAX_RECTS_SHOWN} more" if len(rects) > MAX_RECTS_SHOWN else ""
-                common.append("Rectangles to fix:\n" + "\n".join(shown) + extra)
+                fills = [fill_line(lo, hi, b) for lo, hi, b in rects]
+                common.append("Rectangles to fix:\n" + _listed(fills, MAX_RECTS_SHOWN))
         if mode in ("full", "targets"):
             common.append("Target positions:\n" + house_layers_text(problem["layers"]))
         if problem["spiders"] and mode != "targets":
