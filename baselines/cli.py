@@ -86,7 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-LEARNERS = ("magrpo", "ppo", "iac", "maac", "cory")
+LEARNERS = ("magrpo", "ppo", "iac", "maac", "cory", "madpo", "marlhf")
 ALIASES = {"iac": "ppo"}
 """Other names of a learner: IAC (independent actor-critic, the reference's name) is our PPO with one
 value head per agent."""

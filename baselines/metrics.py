@@ -2,7 +2,8 @@
 W&B (optional, imported only when asked); ``--resume`` truncates the lines logged after the checkpoint.
 
 Every metric name starts with one of :data:`METRIC_PREFIXES`: ``charts/`` (timing, sizes),
-``losses/``, ``reward/<component>`` (the env's), ``eval/`` and ``agent_<name>/`` (per agent or model).
+``losses/``, ``reward/<component>`` (the env's), ``eval/``, ``agent_<name>/`` (per agent or model) and
+``pref/`` (the preference learners' pairs, margins and accuracies).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
-METRIC_PREFIXES = ("charts/", "losses/", "reward/", "eval/", "agent_")
+METRIC_PREFIXES = ("charts/", "losses/", "reward/", "eval/", "agent_", "pref/")
 """Every logged metric name starts with one of these."""
 
 

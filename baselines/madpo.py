@@ -1,0 +1,558 @@
+"""MADPO: multi-agent direct preference optimisation, offline or iterative (online).
+
+Facts from the reference (CoMLRL 1.3.9-1.4.1); our code and design. Docs: docs/madpo.md.
+
+1. Offline: before training, every agent samples N candidates for each of P prompts; the j-th samples
+   of all agents form joint candidate j, which the task's joint reward ranks. Iterative: every
+   iteration the current team samples N candidates of B prompts and a comparator (``current``: the
+   live team on its own RNG stream, ``initial``, ``history``: the team k iterations back, ``model``)
+   samples as many; candidate j meets comparator j and the higher reward wins (ties dropped).
+2. Pairs: offline every ordered pair with r_w > r_l; a selection rule (``reward_gap``, ``random``,
+   ``all``, iterative also ``comparator_reward``) keeps ``pairs_per_prompt`` per prompt. Every
+   iteration's pairs are kept; a replay (``current``, ``nearest_k``, ``all_history``,
+   ``lambda_decay``) draws a batch from them.
+3. For agent i, delta_i = log pi_i(y_w^i) - log pi_i(y_l^i) (summed over tokens), minus the same
+   difference under the reference (adapters off) unless ``--no-reference-term``; the loss is
+   -log sigmoid(beta (delta_i + stopgrad(sum_{k != i} delta_k))): a *joint* preference, each agent moved
+   by its share. A non-finite loss stops the run before any weight changes.
+
+Run it::
+
+    llm-envs train madpo --env writing/xsum-v0 --num-iterations 20
+    llm-envs train madpo --iterative --comparator initial --replay lambda_decay
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import torch
+
+from baselines import distributed
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.metrics import reward_metrics
+from baselines.play import probe_env, team_env_kwargs
+from baselines.policy_gradient import kl_to_reference
+from baselines.preference import (
+    COMPARATORS,
+    REPLAYS,
+    SELECTIONS,
+    Candidates,
+    Comparator,
+    Pair,
+    PairBuffer,
+    Replay,
+    Selection,
+    attach_reference,
+    candidate_kl,
+    joint_dpo_loss,
+    matched_pairs,
+    pair_rows,
+    ranked_pairs,
+    sample_candidates,
+    select_pairs,
+)
+from baselines.run import Run
+
+LEARNER = "madpo"
+
+
+@dataclass
+class PreferenceConfig(LearnerConfig):
+    """The settings MADPO and MARLHF share: candidates, pairs, the iterative form and its comparators,
+    replay, and the KL to the reference. Every field is a ``--flag``."""
+
+    num_candidates: int = 8
+    """N: joint candidates per prompt (every agent samples N responses; the j-th form candidate j). The
+    reference's default is 80."""
+    num_prompts: int = 16
+    """Offline: prompts whose candidates are collected before training (drawn from the train split)."""
+    num_problems: int = 2
+    """Prompts per iteration in the iterative form; offline, prompts per collection batch."""
+    pairs_per_prompt: int = 16
+    """Pairs kept per prompt by ``pair_selection`` (the reference's default: 16)."""
+    pair_selection: Selection = "reward_gap"
+    """Which pairs of a prompt to keep: ``reward_gap`` (largest reward gap first, the reference's
+    default), ``random``, ``all``, or (iterative) ``comparator_reward`` (the pairs whose comparator
+    sample scored highest first: the strongest opponents)."""
+    iterative: bool = False
+    """The online form: every iteration the current team and a comparator sample candidates and new
+    pairs join the replay buffer (see ``comparator``, ``replay``)."""
+    comparator: Comparator = "current"
+    """Iterative: who candidate j plays against. ``current``: the live team on its own RNG stream;
+    ``initial``: the team before training; ``history``: the team ``comparator_history`` iterations back;
+    ``model``: ``comparator_model`` (same tokenizer as the agents)."""
+    comparator_history: int = 1
+    """k of ``comparator=history``."""
+    comparator_model: str | None = None
+    """The model of ``comparator=model`` (HF id or local directory)."""
+    replay: Replay = "current"
+    """Iterative: which iterations' pairs an update draws from: ``current`` (this iteration's),
+    ``nearest_k`` (the last ``replay_k`` equally), ``all_history`` (every iteration equally) or
+    ``lambda_decay`` (iteration weights proportional to (1 - lambda) lambda^age)."""
+    replay_k: int = 2
+    """k of ``replay=nearest_k``."""
+    replay_lambda: float = 0.5
+    """lambda of ``replay=lambda_decay``."""
+    batch_pairs: int = 8
+    """Pairs per update."""
+    updates_per_iteration: int = 1
+    """Updates (batches of pairs) per iteration."""
+    micro_batch_pairs: int = 4
+    """Pairs per forward/backward (gradient accumulation; the same gradient up to rounding)."""
+    kl_coef: float = 0.0
+    """Weight of the KL to the reference (k3 estimator; the reference: adapters off). 0: none."""
+    kl_in: Literal["reward", "loss"] = "loss"
+    """Where the KL goes: ``reward`` subtracts kl_coef x the candidate's sequence KL (k3 per token,
+    summed over its tokens and over agents) from its joint reward before pairs are ranked; ``loss`` adds
+    kl_coef x the per-token k3 KL of the pair's responses to the loss."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_ints(self, {"num_candidates": 1, "num_prompts": 1, "num_problems": 1, "pairs_per_prompt": 1,
+                          "comparator_history": 1, "replay_k": 1, "batch_pairs": 1, "updates_per_iteration": 1,
+                          "micro_batch_pairs": 1})
+        check_choice(self, "pair_selection", SELECTIONS)
+        check_choice(self, "comparator", COMPARATORS)
+        check_choice(self, "replay", REPLAYS)
+        check_choice(self, "kl_in", ("reward", "loss"))
+        check_ranges(self, {"replay_lambda": (0 < self.replay_lambda < 1, "in (0, 1)"),
+                            "kl_coef": (self.kl_coef >= 0, ">= 0")})
+        if self.num_turns != 1:
+            raise ValueError(f"num_turns={self.num_turns}: the preference learners compare single-turn joint "
+                             "responses; use num_turns=1")
+        if not self.iterative:
+            if self.num_candidates < 2:
+                raise ValueError("num_candidates must be >= 2 offline: pairs compare a prompt's candidates")
+            for name, value, default in (("pair_selection", self.pair_selection, "comparator_reward"),):
+                if value == default:
+                    raise ValueError(f"{name}={value!r} ranks comparator samples; it needs --iterative")
+            for name in ("comparator", "replay"):
+                if getattr(self, name) != "current":
+                    raise ValueError(f"{name}={getattr(self, name)!r} belongs to the iterative form; add --iterative")
+        if self.comparator == "model" and not self.comparator_model:
+            raise ValueError("comparator='model' needs --comparator-model (HF id or local directory)")
+        if self.comparator_model and self.comparator != "model":
+            raise ValueError(f"comparator_model is set but comparator={self.comparator!r}; use --comparator model")
+
+    def check_processes(self, world_size: int) -> None:
+        if world_size > 1:
+            raise ValueError(f"{self.learner} runs in one process (got {world_size}); its candidates and pairs "
+                             "are not sharded yet")
+
+
+@dataclass
+class Config(PreferenceConfig):
+    """MADPO settings: the shared ones (baselines/config.py), the preference ones and MADPO's own."""
+
+    learner: ClassVar[str] = LEARNER
+    beta: float = 0.1
+    """DPO's beta (the reference's default 0.1)."""
+    reference_term: bool = True
+    """Subtract the reference's log-prob differences (standard DPO); ``--no-reference-term`` drops them,
+    as the reference code does."""
+    learning_rate: float = 5e-5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_ranges(self, {"beta": (self.beta > 0, "> 0")})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "demo": dict(env="writing/xsum-v0", max_source_words=60, num_iterations=12, num_candidates=4, num_prompts=8,
+                 num_problems=2, pairs_per_prompt=4, batch_pairs=8, max_new_tokens=48, learning_rate=1e-4,
+                 lora_rank=8, lora_alpha=16.0, num_eval_problems=8, checkpoint_every=0, run_name="madpo-demo",
+                 overwrite=True),
+}
+"""Named settings for ``--preset``; flags given on the command line override them."""
+
+
+# ----------------------------------------------------------------------------------------- the team
+class Team:
+    """The policy, the envs and the comparator of a preference run: candidates in, pairs out."""
+
+    def __init__(self, config: PreferenceConfig, run: Run, extra_agents: Sequence[str] = (), **policy_kwargs: Any):
+        self.config = config
+        env_kwargs = config.build_env_kwargs()
+        agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
+        config.check_agents(agents)
+        self.agents = agents
+        self.policy = distributed.build_policy(
+            agents, config.model_of(agents), distributed.device_for("data-parallel", agents, run.info, config.device),
+            dtype=config.dtype, lora=config.lora_of(agents), mixed_batches=False, backend=config.backend,
+            gradient_checkpointing=config.gradient_checkpointing, activation_budget_mb=config.activation_budget_mb,
+            share_prompts=config.share_prompts, **policy_kwargs,
+        )
+        self.env_kwargs = team_env_kwargs(env_kwargs, self.policy, agents)
+        self._venvs: dict[int, Any] = {}
+        self.n_train = len(self.venv(1).envs[0].task.problems("train"))
+        # The team before training (LoRA adapters are built from the seed, so a resumed run gets the same).
+        self.initial = self.snapshot()
+        self.history: dict[int, dict[str, list[torch.Tensor]]] = {}
+        self.comparator_policy = None
+        if config.iterative and config.comparator == "model":
+            self.comparator_policy = self._comparator_model()
+
+    def venv(self, num_prompts: int) -> Any:
+        from llm_envs.core.vector import make_vec
+
+        n = num_prompts * self.config.num_candidates
+        if n not in self._venvs:
+            self._venvs[n] = make_vec(self.config.env, n, max_new_tokens=self.config.max_new_tokens, **self.env_kwargs)
+        return self._venvs[n]
+
+    def close(self) -> None:
+        for venv in self._venvs.values():
+            venv.close()
+
+    def _comparator_model(self) -> Any:
+        from agents import MultiAgentPolicy
+        from agents.team import tokenizer_fingerprint
+
+        config = self.config
+        other = MultiAgentPolicy.from_pretrained(self.agents, config.comparator_model, dtype=config.dtype,
+                                                 device=config.device, mixed_batches=False, backend=config.backend)
+        for a in self.agents:
+            if tokenizer_fingerprint(other.tokenizer_of(a)) != tokenizer_fingerprint(self.policy.tokenizer_of(a)):
+                raise ValueError(f"comparator_model {config.comparator_model!r} speaks another tokenizer than agent "
+                                 f"{a!r}; the pairs hold token ids of the agents' tokenizers: pick a model of the same "
+                                 "tokenizer family")
+        return other
+
+    # ------------------------------------------------------------------ weights
+    def snapshot(self) -> dict[str, list[torch.Tensor]]:
+        """A copy of every agent's trained weights (adapters; the whole model under full fine-tuning)."""
+        return {a: [p.detach().clone() for p in self.policy.parameters(a, value_head=False)] for a in self.agents}
+
+    @torch.no_grad()
+    def load_snapshot(self, snap: Mapping[str, Sequence[torch.Tensor]]) -> None:
+        for a in self.agents:
+            for p, v in zip(self.policy.parameters(a, value_head=False), snap[a]):
+                p.copy_(v)
+
+    # ------------------------------------------------------------------ candidates
+    def candidates(self, problems: Sequence[int], iteration: int, stream: int, which: str = "team") -> Candidates:
+        """The joint candidates of ``problems``: ``which`` = ``team`` (the live weights) or a comparator
+        (``current``, ``initial``, ``history``, ``model``); ``stream`` separates their sampling seeds."""
+        config = self.config
+        venv = self.venv(len(problems))
+        n = config.num_candidates
+        group_seeds = [distributed.group_seed(config.seed, iteration, stream, b) for b in range(len(problems))]
+        env_seeds = [config.seed * 1_000_003 + iteration * len(problems) * n + i for i in range(len(problems) * n)]
+        sampling = config.sampling_kwargs(self.agents)
+        policy, swap = self.policy, None
+        if which == "model":
+            policy = self.comparator_policy
+        elif which == "initial":
+            swap = self.initial
+        elif which == "history":
+            back = iteration - config.comparator_history
+            swap = self.history.get(back, self.initial) if back > 0 else self.initial
+        live = self.snapshot() if swap is not None else None
+        if swap is not None:
+            self.load_snapshot(swap)
+        try:
+            return sample_candidates(policy, venv, problems, n, group_seeds, env_seeds, sampling, config.max_new_tokens)
+        finally:
+            if live is not None:
+                self.load_snapshot(live)
+
+    def penalised(self, cands: Candidates, which: str = "team") -> np.ndarray:
+        """The rewards that rank candidates: the task's, minus kl_coef x the sequence KL with kl_in=reward."""
+        config = self.config
+        if config.kl_coef > 0 and config.kl_in == "reward":
+            if which == "model":
+                return cands.rewards - config.kl_coef * candidate_kl(self.comparator_policy, cands,
+                                                                     config.scoring_temperature)
+            return cands.rewards - config.kl_coef * candidate_kl(self.policy, cands, config.scoring_temperature)
+        return cands.rewards
+
+    def offline_pairs(
+        self, cands: Candidates, rewards: np.ndarray, iteration: int, rng: np.random.Generator
+    ) -> list[Pair]:
+        config, n = self.config, cands.num_samples
+        pairs = []
+        for b in range(len(rewards) // n):
+            rows = range(b * n, (b + 1) * n)
+            for c in select_pairs(ranked_pairs(rewards[b * n:(b + 1) * n]), config.pair_selection,
+                                  config.pairs_per_prompt, rng):
+                w, lo = rows[c.winner], rows[c.loser]
+                pairs.append(Pair({a: cands.row_prompt(a, w) for a in self.agents},
+                                  {a: cands.row_response(a, w) for a in self.agents},
+                                  {a: cands.row_response(a, lo) for a in self.agents}, iteration, c.gap))
+        return pairs
+
+    def matched(self, team: Candidates, team_r: np.ndarray, other: Candidates, other_r: np.ndarray, iteration: int,
+                rng: np.random.Generator) -> list[Pair]:
+        config, n = self.config, team.num_samples
+        pairs = []
+        for b in range(len(team_r) // n):
+            sl = slice(b * n, (b + 1) * n)
+            for c in select_pairs(matched_pairs(team_r[sl], other_r[sl]), config.pair_selection,
+                                  config.pairs_per_prompt, rng):
+                row = b * n + c.winner
+                win, lose = (team, other) if c.team_won else (other, team)
+                pairs.append(Pair({a: team.row_prompt(a, row) for a in self.agents},
+                                  {a: win.row_response(a, row) for a in self.agents},
+                                  {a: lose.row_response(a, row) for a in self.agents}, iteration, c.gap))
+        return pairs
+
+
+# ----------------------------------------------------------------------------------------- the update
+def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pairs: Sequence[Pair],
+               config: Config) -> dict[str, float]:
+    """One gradient step of every agent on ``pairs`` (the joint DPO loss, mean over pairs), micro-batched
+    by ``micro_batch_pairs``. Returns the loss, the preference accuracy (joint margin > 0), the mean
+    margin and each agent's share and gradient norm."""
+    agents = list(optimizers)
+    for opt in optimizers.values():
+        opt.zero_grad(set_to_none=True)
+    total = len(pairs)
+    stats: dict[str, list[float]] = {"loss": [], "margin": [], "accuracy": [], "kl": []}
+    share = {a: [] for a in agents}
+    loss_sum = 0.0
+    for start in range(0, total, config.micro_batch_pairs):
+        part = pairs[start:start + config.micro_batch_pairs]
+        n = len(part)
+        deltas, kl_terms = {}, []
+        for a in agents:
+            rows = pair_rows(part, a, policy.pad_token_id_of(a))
+            temperature = config.scoring_temperature(a)
+            logprobs = policy.logprobs(a, *rows, temperature=temperature)
+            sums = logprobs.sum(1)
+            deltas[a] = sums[:n] - sums[n:]
+            if config.kl_coef > 0 and config.kl_in == "loss":
+                ref = policy.ref_logprobs(a, *rows, temperature=temperature)
+                mask = rows[3].to(logprobs.device).float()
+                kl_terms.append((kl_to_reference(logprobs, ref) * mask).sum() / mask.sum().clamp(min=1.0))
+        ref_deltas = None
+        if config.reference_term:
+            ref_deltas = {a: torch.tensor([p.ref[a][0] - p.ref[a][1] for p in part], dtype=deltas[a].dtype,
+                                          device=deltas[a].device) for a in agents}
+        losses, margin = joint_dpo_loss(deltas, config.beta, ref_deltas)
+        loss = sum(losses[a].sum() for a in agents) / (total * len(agents))
+        if kl_terms:
+            kl = sum(kl_terms) / len(kl_terms)
+            loss = loss + config.kl_coef * kl * n / total
+            stats["kl"].append(float(kl.detach()) * n / total)
+        if not math.isfinite(float(loss.detach())):
+            for opt in optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite preference loss {float(loss.detach())}; lower learning_rate "
+                                     f"({config.learning_rate}) or beta ({config.beta})")
+        loss.backward()
+        loss_sum += float(loss.detach())
+        stats["margin"] += margin.detach().float().cpu().tolist()
+        stats["accuracy"] += (margin.detach() > 0).float().cpu().tolist()
+        for a in agents:
+            own = deltas[a].detach() - (ref_deltas[a] if ref_deltas is not None else 0.0)
+            share[a] += own.float().cpu().tolist()
+    out = {"losses/dpo": loss_sum, "pref/margin": float(np.mean(stats["margin"])),
+           "pref/accuracy": float(np.mean(stats["accuracy"])), "pref/pairs": float(total)}
+    if stats["kl"]:
+        out["losses/kl"] = float(np.sum(stats["kl"]))
+    for a in agents:
+        params = policy.parameters(a)
+        if config.max_grad_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+        optimizers[a].step()
+        optimizers[a].zero_grad(set_to_none=True)
+        out[f"agent_{a}/delta"] = float(np.mean(share[a]))
+        out[f"agent_{a}/grad_norm"] = float(norm)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- the run
+def collect_offline(team: Team, run: Run, config: PreferenceConfig) -> tuple[list[Pair], dict[str, float]]:
+    """Offline: N candidates for ``num_prompts`` train prompts, ``num_problems`` prompts at a time;
+    returns the selected pairs and the candidates' reward statistics."""
+    from tqdm.auto import tqdm
+
+    problems = run.rng.choice(team.n_train, size=config.num_prompts, replace=team.n_train < config.num_prompts)
+    pairs: list[Pair] = []
+    rewards = []
+    batches = [problems[i:i + config.num_problems] for i in range(0, len(problems), config.num_problems)]
+    for c, batch in enumerate(tqdm(batches, desc="candidates", disable=not (config.progress and run.main))):
+        cands = team.candidates([int(p) for p in batch], iteration=c, stream=0)
+        r = team.penalised(cands)
+        rewards.append(cands.rewards)
+        pairs += team.offline_pairs(cands, r, 0, run.rng)
+    all_r = np.concatenate(rewards)
+    return pairs, {"pref/candidate_reward": float(all_r.mean()), "pref/candidate_reward_std": float(all_r.std())}
+
+
+def iterative_pairs(
+    team: Team, run: Run, config: PreferenceConfig, iteration: int
+) -> tuple[list[int], list[Pair], dict[str, float]]:
+    """The iterative form's pairs of one iteration: the comparator's candidates first, then the team's
+    (the envs keep the team's episodes for the transcripts)."""
+    problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
+                                                replace=team.n_train < config.num_problems)]
+    which = config.comparator
+    other = team.candidates(problems, iteration, stream=1, which=which)
+    other_r = team.penalised(other, which)
+    mine = team.candidates(problems, iteration, stream=0)
+    mine_r = team.penalised(mine)
+    pairs = team.matched(mine, mine_r, other, other_r, iteration, run.rng)
+    decided = mine_r != other_r
+    metrics = reward_metrics(dict(mine.infos[team.agents[0]]))
+    metrics.update({
+        "pref/comparator_reward": float(other.rewards.mean()),
+        "pref/win_rate": float((mine_r > other_r)[decided].mean()) if decided.any() else 0.5,
+        "pref/new_pairs": float(len(pairs)),
+        "charts/reward_std": float(np.std(mine.rewards)),
+    })
+    return problems, pairs, metrics
+
+
+def preference_dir(run: Run) -> Path:
+    return run.run_dir / "preference"
+
+
+def main(config: Config) -> dict[str, Any]:
+    """Train MADPO; returns the final metrics with ``eval/*`` before and after (``eval_before/*``)."""
+    run = Run.begin(config)
+    team = Team(config, run)
+    policy, agents = team.policy, team.agents
+    optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
+    run.resume(policy, optimizers)
+    buffer, history = load_preference_state(team, run, config)
+    run.start(policy, optimizers, env_kwargs=team.env_kwargs)
+
+    metrics: dict[str, float] = {}
+    with run.interruptible():
+        run.evaluate_before()
+        if not config.iterative and "collected" not in run.extra:
+            pairs, collected = collect_offline(team, run, config)
+            if config.reference_term:
+                attach_reference(policy, pairs, config.scoring_temperature, config.micro_batch_pairs)
+            buffer.add(0, pairs)
+            if run.main:
+                buffer.save_iteration(preference_dir(run), 0)
+            run.extra["collected"] = collected
+            run.state = run.boundary(run.start_step)  # the collection's RNG draws belong to the boundary
+            if not pairs:
+                raise ValueError(f"no preference pairs: every candidate of the {config.num_prompts} prompts tied; "
+                                 "raise num_candidates or temperature")
+        for iteration in run.iterations():
+            t0 = time.perf_counter()
+            metrics = {}
+            if config.iterative:
+                problems, pairs, metrics = iterative_pairs(team, run, config, iteration)
+                if config.reference_term:
+                    attach_reference(policy, pairs, config.scoring_temperature, config.micro_batch_pairs)
+                buffer.add(iteration, pairs)
+            else:
+                metrics.update(run.extra.get("collected", {}))
+            t_sample = time.perf_counter() - t0
+            for _ in range(config.updates_per_iteration):
+                mode = config.replay if config.iterative else "all_history"
+                batch = buffer.draw(config.batch_pairs, mode, run.rng, config.replay_k, config.replay_lambda)
+                if batch:
+                    stats = dpo_update(policy, optimizers, batch, config)
+                    for k, v in stats.items():
+                        metrics[k] = metrics.get(k, 0.0) + v / config.updates_per_iteration
+            step = iteration + 1
+            if config.iterative:
+                if run.main:
+                    buffer.save_iteration(preference_dir(run), iteration)
+                history.save(team, step)
+            elapsed = time.perf_counter() - t0
+            metrics.update({"charts/iteration": step, "charts/s_per_iteration": elapsed,
+                            "charts/rollout_fraction": t_sample / elapsed, "pref/buffer": float(len(buffer)),
+                            "charts/learning_rate": config.learning_rate})
+            if config.iterative:
+                run.write_samples(step, team.venv(config.num_problems).envs,
+                                  [None] * config.num_problems * config.num_candidates,
+                                  [{"task_index": p, "split": "train"} for p in problems
+                                   for _ in range(config.num_candidates)])
+            postfix = {"loss": f"{metrics.get('losses/dpo', float('nan')):.3f}", "s_it": f"{elapsed:.1f}"}
+            if "reward/total" in metrics:
+                postfix["reward"] = f"{metrics['reward/total']:.3f}"
+            run.end_iteration(step, metrics, **postfix)
+        run.evaluate_after()
+    result = run.finish(metrics)
+    team.close()
+    return result
+
+
+class History:
+    """``comparator=history``: the team's weights after each of the last k iterations, in memory and in
+    ``<run>/preference/weights_<step>.pt`` (a resumed run reads back those it needs)."""
+
+    def __init__(self, directory: Path, k: int, enabled: bool) -> None:
+        self.directory, self.k, self.enabled = directory, k, enabled
+
+    def save(self, team: Team, step: int) -> None:
+        if not self.enabled:
+            return
+        team.history[step] = team.snapshot()
+        for old in [s for s in team.history if s < step - self.k]:
+            del team.history[old]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"weights_{step:06d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({a: [t.cpu() for t in v] for a, v in team.history[step].items()}, tmp)
+        tmp.replace(path)
+        for old in self.directory.glob("weights_*.pt"):
+            if int(old.stem.split("_")[1]) < step - self.k:
+                old.unlink()
+
+    def load(self, team: Team, before: int) -> None:
+        if not self.enabled:
+            return
+        for path in sorted(self.directory.glob("weights_*.pt")) if self.directory.exists() else []:
+            s = int(path.stem.split("_")[1])
+            if s > before:
+                path.unlink()
+            elif s >= before - self.k:
+                try:
+                    snap = torch.load(path, map_location="cpu", weights_only=True)
+                except Exception as err:
+                    raise ValueError(f"corrupt comparator weights {path}: {type(err).__name__}") from err
+                device = team.initial[team.agents[0]][0].device
+                team.history[s] = {a: [t.to(device) for t in v] for a, v in snap.items()}
+
+
+def load_preference_state(team: Team, run: Run, config: PreferenceConfig) -> tuple[PairBuffer, History]:
+    """The pairs and comparator weights a (resumed) run continues with: those of the iterations before
+    its checkpoint's step; files of later iterations (an interrupted one's) are removed."""
+    directory = preference_dir(run)
+    if not config.resume and run.main and directory.exists():
+        for path in list(directory.glob("pairs_*.pt")) + list(directory.glob("weights_*.pt")):
+            path.unlink()  # a new run (--overwrite) starts without the old run's pairs
+    # Offline: the collected pairs are iteration 0's, complete once the boundary records the collection.
+    before = run.start_step if config.iterative else (1 if "collected" in run.extra else 0)
+    buffer = PairBuffer.load(directory, before) if config.resume else PairBuffer()
+    history = History(directory, config.comparator_history, config.iterative and config.comparator == "history")
+    if config.resume:
+        history.load(team, run.start_step)
+    return buffer, history
+
+
+def summary(result: Mapping[str, Any]) -> str:
+    from baselines.magrpo import summary as magrpo_summary
+
+    return magrpo_summary(result)
+
+
+def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
+    import dataclasses
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(Config(), **{**PRESETS[name], **(overrides or {})})
+
+
+if __name__ == "__main__":
+    import tyro
+
+    print(summary(main(tyro.cli(Config))))
