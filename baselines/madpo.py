@@ -183,9 +183,16 @@ class Team:
         agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
         config.check_agents(agents)
         self.agents = agents
+        # Extra adapters (MARLHF's reward model) sit on the first agent's base with its LoRA settings.
+        everyone = [*agents, *extra_agents]
+        models, lora = config.model_of(agents), config.lora_of(agents)
+        if isinstance(models, dict):
+            models.update({x: models[agents[0]] for x in extra_agents})
+        if isinstance(lora, dict):
+            lora.update({x: lora[agents[0]] for x in extra_agents})
         self.policy = distributed.build_policy(
-            agents, config.model_of(agents), distributed.device_for("data-parallel", agents, run.info, config.device),
-            dtype=config.dtype, lora=config.lora_of(agents), mixed_batches=False, backend=config.backend,
+            everyone, models, distributed.device_for("data-parallel", everyone, run.info, config.device),
+            dtype=config.dtype, lora=lora, mixed_batches=False, backend=config.backend,
             gradient_checkpointing=config.gradient_checkpointing, activation_budget_mb=config.activation_budget_mb,
             share_prompts=config.share_prompts, **policy_kwargs,
         )
@@ -196,6 +203,7 @@ class Team:
         self.initial = self.snapshot()
         self.history: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.comparator_policy = None
+        self.last_team_candidates: Candidates | None = None
         if config.iterative and config.comparator == "model":
             self.comparator_policy = self._comparator_model()
 
@@ -400,6 +408,7 @@ def iterative_pairs(
     other = team.candidates(problems, iteration, stream=1, which=which)
     other_r = team.penalised(other, which)
     mine = team.candidates(problems, iteration, stream=0)
+    team.last_team_candidates = mine  # MARLHF's RL stage trains on these
     mine_r = team.penalised(mine)
     pairs = team.matched(mine, mine_r, other, other_r, iteration, run.rng)
     decided = mine_r != other_r
