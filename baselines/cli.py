@@ -9,6 +9,8 @@
     llm-envs train iac [--FIELD VALUE ...]    the same learner under the reference's name (IAC)
     llm-envs train maac [--FIELD VALUE ...]   actors with one centralised critic (docs/maac.md)
     llm-envs train cory [--FIELD VALUE ...]   CORY: two PPO models swapping pioneer/observer (docs/cory.md)
+    llm-envs train madpo [--iterative] [--FIELD VALUE ...]   joint preference optimisation (docs/madpo.md)
+    llm-envs train marlhf [--iterative] [--FIELD VALUE ...]  a learned joint reward, then MAGRPO (docs/marlhf.md)
     llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5]
                                        mean reward and components on the eval split; pass@k on coding
                                        and math envs (llm-envs eval --env math/gsm8k-v0 --num-samples 5)
@@ -286,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser(
-        "train", help="train agents with a baseline learner (magrpo, ppo/iac, maac, cory)", add_help=False
+        "train", help="train agents with a baseline learner (magrpo, ppo/iac, maac, cory, madpo, marlhf)",
+        add_help=False
     )
     p.add_argument("algo", choices=LEARNERS, help="learner")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="learner flags (see `llm-envs train <algo> --help`)")
