@@ -190,6 +190,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for key in ("max_source_words", "data_path"):
             if saved.get(key) is not None:
                 env_kwargs[key] = saved[key]
+        if saved.get("centralized"):
+            env_kwargs["centralized"] = True  # the checkpoint's one agent writes every role
         if args.max_new_tokens is None:
             args.max_new_tokens = saved["max_new_tokens"]
     env_id = env_id or "writing/xsum-v0"
@@ -199,6 +201,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs["data_path"] = args.data_path
     if args.num_turns != 1:
         env_kwargs["num_turns"] = args.num_turns
+    if args.centralized:
+        env_kwargs["centralized"] = True
     if env_id not in llm_envs.list_envs():
         print(f"unknown env {env_id!r}; see `llm-envs list`", file=sys.stderr)
         return 2
@@ -312,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-source-words", type=int, default=None, help="writing envs: cut sources to N words")
     p.add_argument("--data-path", default=None, help="local copy of a hub dataset")
     p.add_argument("--num-turns", type=int, default=1, help="turns per episode (default: %(default)s)")
+    p.add_argument("--centralized", action="store_true",
+                   help="one model writes every role as tagged sections (default: the checkpoint's setting)")
     p.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
     p.set_defaults(func=cmd_eval)
 

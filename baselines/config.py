@@ -54,6 +54,34 @@ def check_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be {listed}, got {value!r}")
 
 
+CENTRALIZED_LEARNERS = ("magrpo", "ppo")
+"""The learners that train a centralised env (``--centralized``): one model, one agent."""
+
+
+def check_centralized(config: Any) -> None:
+    """Refuse ``--centralized`` for a learner other than MAGRPO and PPO, or with a sequential env id."""
+    if not isinstance(config.centralized, bool):
+        raise ValueError(f"centralized must be True or False, got {config.centralized!r}")
+    if not config.centralized:
+        return
+    if config.learner not in CENTRALIZED_LEARNERS:
+        raise ValueError(
+            f"--centralized trains one model on a parallel env with {' or '.join(CENTRALIZED_LEARNERS)}, not "
+            f"{config.learner} (its agents are separate models by design)"
+        )
+    from llm_envs.core.registry import spec
+
+    try:
+        protocol = spec(config.env).protocol
+    except KeyError:
+        return  # an unknown id is reported when the env is built
+    if protocol != "parallel":
+        raise ValueError(
+            f"--centralized needs a parallel env, and {config.env!r} is {protocol} (later roles read earlier roles' "
+            "responses of the same turn); use a parallel id (llm-envs list)"
+        )
+
+
 AGENT_FIELDS = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "learning_rate", "lora_rank", "lora_alpha")
 """The fields ``--agent-settings agent.field=value`` may set."""
 
@@ -155,6 +183,11 @@ class CoreConfig:
     """What agents see on later turns (an env argument, llm_envs/transitions.py): unset for the task's
     feedback; level-feedback, plain (self-revision), module:function, or expert (a second model,
     --expert-model, writes edit suggestions into the next prompts; its cost is logged)."""
+    centralized: bool = False
+    """One model writes every role of a parallel env in one response, as tagged sections
+    (``<brief>...</brief>``; llm_envs.core.centralized, docs/centralized.md): the env's one agent is
+    ``central`` and --max-new-tokens is its whole response (N x the team's for the same budget). MAGRPO
+    and PPO only."""
     expert_model: str | None = None
     """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
     expert_max_new_tokens: int = 64
@@ -260,6 +293,7 @@ class CoreConfig:
         })
         check_choice(self, "logprob_temperature", ("raw", "sampling"))
         check_choice(self, "backend", ("auto", "engine", "generate"))
+        check_centralized(self)
         if self.max_source_words is not None and (
             isinstance(self.max_source_words, bool) or not isinstance(self.max_source_words, int)
             or self.max_source_words < 1
@@ -349,6 +383,8 @@ class CoreConfig:
             kwargs["max_source_words"] = self.max_source_words
         if self.data_path is not None:
             kwargs["data_path"] = self.data_path
+        if self.centralized:
+            kwargs["centralized"] = True  # one agent writes every role (llm_envs.core.centralized)
         if self.transition is not None and self.transition != "expert":
             kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
         return kwargs

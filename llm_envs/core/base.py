@@ -98,8 +98,10 @@ ENV_KWARGS = (
     "obs_format",
     "stop_token_ids",
     "transition",
+    "centralized",
 )
-"""Keyword arguments that belong to the env; every other ``make`` kwarg goes to the task."""
+"""Keyword arguments that belong to the env; every other ``make`` kwarg goes to the task. ``centralized``
+is ``make``'s (:mod:`llm_envs.core.centralized`), not an argument of the env classes."""
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -960,8 +962,8 @@ class LLMEnvCore:
                     if board:
                         lines.append(f"--- board ---\n{board}")
                 turn += 1
-            else:
-                lines.append(f"--- feedback [{role}] ---\n{text}")
+            else:  # feedback, and any other kind of entry a subclass adds (a centralised env's sections)
+                lines.append(f"--- {kind} [{role}] ---\n{text}")
         return "\n".join(lines)
 
     def transcript_turns(self) -> list[dict[str, Any]]:

@@ -121,6 +121,9 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
             ``max_prompt_tokens``, ``max_new_tokens``, ``num_turns``, ``max_cycles``, ``render_mode``,
             ``chat_template``, ``prompt_overflow``, ``step_unit``, ``obs_format``, ``stop_token_ids``,
             ``transition``) and task arguments (``data_path``, ...), overriding the id's defaults.
+            ``centralized=True`` gives the centralised env of a parallel id: one agent writes every role
+            as tagged sections (:mod:`llm_envs.core.centralized`; ``max_new_tokens`` and
+            ``max_prompt_tokens`` are then the one agent's).
 
     >>> import llm_envs
     >>> env = llm_envs.make("writing/xsum-v0")
@@ -132,6 +135,9 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
     _check_kwargs(s, kwargs)
     env_kwargs = {k: v for k, v in merged.items() if k in ENV_KWARGS}
     task_kwargs = {k: v for k, v in merged.items() if k not in ENV_KWARGS}
+    centralized = env_kwargs.pop("centralized", False)
+    if not isinstance(centralized, bool):
+        raise ValueError(f"centralized must be True or False, got {centralized!r}.")
     task = s.task(**task_kwargs)
     chosen = s.protocol if protocol is None else protocol
     if chosen not in PROTOCOLS:
@@ -143,6 +149,15 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
         raise ValueError(
             f"Env {env_id!r} allows at most {task.max_turns} turn(s) per episode, got num_turns={num_turns}."
         )
+    if centralized:
+        if chosen != "parallel":
+            raise ValueError(
+                f"centralized=True needs a parallel env, and {env_id!r} runs the {chosen} protocol (later roles read "
+                "earlier roles' responses of the same turn); use a parallel id (llm-envs list)."
+            )
+        from llm_envs.core.centralized import CentralizedEnv
+
+        return CentralizedEnv(task, env_id=env_id, **env_kwargs)
     if chosen == "parallel":
         from llm_envs.core.parallel import ParallelLLMEnv
 
