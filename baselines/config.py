@@ -54,12 +54,12 @@ def check_choice(config: Any, name: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be {listed}, got {value!r}")
 
 
-CENTRALIZED_LEARNERS = ("magrpo", "ppo")
+CENTRALIZED_LEARNERS = ("magrpo", "ppo", "madpo", "marlhf")
 """The learners that train a centralised env (``--centralized``): one model, one agent."""
 
 
 def check_centralized(config: Any) -> None:
-    """Refuse ``--centralized`` for a learner other than MAGRPO and PPO, or with a sequential env id."""
+    """Refuse ``--centralized`` for a learner not in :data:`CENTRALIZED_LEARNERS`, or with a sequential env id."""
     if not isinstance(config.centralized, bool):
         raise ValueError(f"centralized must be True or False, got {config.centralized!r}")
     if not config.centralized:

@@ -317,3 +317,26 @@ def test_cli_lists_and_checks_the_preference_learners(capsys):
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_madpo_trains_a_centralised_env(tiny_model_dir, tmp_path, monkeypatch, varied_writing_reward):
+    """``--centralized``: one agent (``central``) writes every role; MADPO's joint loss is then plain DPO.
+    A random tiny model writes no section tags (every reward would tie at 0), so here an untagged
+    response counts as the first role's section."""
+    from llm_envs.core import centralized
+
+    real = centralized.parse_sections
+
+    def lenient(text, roles):
+        texts, found = real(text, roles)
+        if not found:
+            texts = {**texts, roles[0]: text}
+        return texts, found
+
+    monkeypatch.setattr(centralized, "parse_sections", lenient)
+    config = tiny(madpo, tiny_model_dir, tmp_path, centralized=True, max_new_tokens=24, num_eval_problems=0,
+                  num_prompts=3, num_candidates=4)
+    result = madpo.main(config)
+    assert_trained(result, config.run_dir(), ["central"])
+    with pytest.raises(ValueError, match="--centralized"):
+        madpo.Config(centralized=True, env="writing/xsum-sequential-v0")
