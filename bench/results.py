@@ -1,11 +1,13 @@
 """The papers' claims, measured with seeds: the records, figures and tables of docs/results.md.
 
-Two comparisons, each a fixed list of methods with hyper-parameters chosen before running (below:
-``MAGRPO_SETTINGS``, ``CORY_SETTINGS``):
+Three comparisons, each a fixed list of methods with hyper-parameters chosen before running (below:
+``MAGRPO_SETTINGS``, ``CORY_SETTINGS``, ``PREFERENCE_SETTINGS``):
 
 - ``magrpo``: MAGRPO on ``writing/xsum-v0`` against its baselines: the untrained pair (parallel and
   sequential protocol), a single agent trained with GRPO (our MAGRPO with one agent) on the one-role
   env under both split policies, MAGRPO (parallel) and MAGRPO with ``--num-turns 2``.
+- ``preference``: the MAGRPO team (the ``magrpo`` comparison's records, not run twice) against one
+  centralised model (``--centralized``) and offline MADPO, on the same 160 joint samples of training.
 - ``cory``: CORY against PPO on IMDB with the same adaptive KL controller, plus CORY's two ablations
   (no role exchange, ``--swap-every 0``; individual rewards, ``sentiment/imdb-cory-individual-v0``).
 
@@ -87,10 +89,17 @@ CORY_SETTINGS: dict[str, Any] = {
     "kl-horizon": 10000,
     "num-eval-problems": 16,
 }
+# MAGRPO team vs one centralised model vs MADPO (issue #29): MAGRPO_SETTINGS for every method, each
+# method's own flags for what only it has; the same 160 joint samples of training per run (MAGRPO: 20
+# iterations x 2 problems x 4; MADPO: 40 prompts x 4 candidates collected before its 20 updates).
+PREFERENCE_SETTINGS: dict[str, Any] = {k: v for k, v in MAGRPO_SETTINGS.items()
+                                       if k not in ("num-problems", "num-generations", "normalize-std")}
+GROUPS = {"num-problems": 2, "num-generations": 4, "normalize-std": True}
 # --quick: the same methods at tiny sizes (CI smoke tests; a tiny model with --model).
 QUICK = {
     "magrpo": {"max-source-words": 20, "num-problems": 1, "num-generations": 2, "max-new-tokens": 8,
                "num-iterations": 2, "num-eval-problems": 2},
+    "preference": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2},
     "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
              "max-new-tokens": 4, "num-eval-problems": 2},
 }
@@ -115,6 +124,11 @@ class Method:
     token_factor: int = 1
     """Multiplies the comparison's ``max-new-tokens``: the single agent writes both parts, so it gets twice
     the pair's tokens per response (the text budget of the two agents together)."""
+    reuse: str | None = None
+    """The comparison whose record of the same method and seed this one is (the same command): it is
+    read from there, never run twice."""
+    quick_flags: Mapping[str, Any] = field(default_factory=dict)
+    """Flags on top of ``flags`` under ``--quick``."""
 
 
 COMPARISONS: dict[str, tuple[Method, ...]] = {
@@ -128,6 +142,14 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
         Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO, parallel"),
         Method("magrpo-2turn", "magrpo", "writing/xsum-v0", "MAGRPO, 2 turns (env feedback)", {"num-turns": 2}),
     ),
+    "preference": (
+        Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO team (2 agents)", GROUPS, reuse="magrpo"),
+        Method("centralized", "magrpo", "writing/xsum-v0", "centralised single model (MAGRPO)",
+               {**GROUPS, "centralized": True}, token_factor=2),
+        Method("madpo", "madpo", "writing/xsum-v0", "MADPO (offline, 40 prompts x 4 candidates)",
+               {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 4, "batch-pairs": 8},
+               quick_flags={"num-prompts": 2, "num-candidates": 2}),
+    ),
     "cory": (
         Method("ppo", "ppo", "sentiment/imdb-v0", "PPO", models=("agent",)),
         Method("cory", "cory", "sentiment/imdb-cory-v0", "CORY", {"swap-every": 5}, models=("model_0", "model_1")),
@@ -138,6 +160,7 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
     ),
 }
 SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
+                "preference": {m.name: DEFAULT_SEEDS for m in COMPARISONS["preference"]},
                 "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
 """The records the page needs: 3 seeds per method, one seed per CORY ablation."""
 
@@ -151,7 +174,7 @@ def method(comparison: str, name: str) -> Method:
 
 
 def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
-    base = dict(MAGRPO_SETTINGS if comparison == "magrpo" else CORY_SETTINGS)
+    base = dict({"magrpo": MAGRPO_SETTINGS, "preference": PREFERENCE_SETTINGS}.get(comparison, CORY_SETTINGS))
     if quick:
         base.update(QUICK[comparison])
     return base
@@ -159,7 +182,7 @@ def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
 
 def flags_of(m: Method, comparison: str, quick: bool) -> dict[str, Any]:
     """The method's flags: the comparison's settings with the method's own on top."""
-    flags = {**settings_of(comparison, quick), **m.flags}
+    flags = {**settings_of(comparison, quick), **m.flags, **(m.quick_flags if quick else {})}
     flags["max-new-tokens"] *= m.token_factor
     return flags
 
@@ -274,8 +297,8 @@ def eval_of(rows: list[dict[str, float]], first: bool) -> dict[str, float]:
 
 
 def curve_keys(m: Method, rows: list[dict[str, float]]) -> list[str]:
-    if m.learner == "magrpo":
-        keys = sorted({k for r in rows for k in r if k.startswith("reward/")})
+    if m.learner in ("magrpo", "madpo", "marlhf"):
+        keys = sorted({k for r in rows for k in r if k.startswith(("reward/", "pref/", "losses/dpo"))})
         return [*keys, "charts/s_per_iteration"]
     per_model = ("task_reward", "env_reward", "kl", "kl_coef", "combined", "role")
     return [f"agent_{model}/{k}" for model in m.models for k in per_model] + ["charts/s_per_iteration"]
@@ -326,7 +349,7 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
     done, skipped, failed = [], [], []
     for seed in seeds:
         for m in chosen:
-            path = record_path(out, comparison, m.name, seed)
+            path = record_path(out, m.reuse or comparison, m.name, seed)
             if path.is_file():
                 skipped.append(path.name)
                 continue
@@ -334,7 +357,7 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
                 if not mine:  # another sitting runs it now: leave its run directory alone
                     skipped.append(f"{path.name} (running in process {running_pid(path)})")
                     continue
-                outcome = _run_record(comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
+                outcome = _run_record(m.reuse or comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
                                       threads=threads)
             if "status" in outcome:
                 failed.append(outcome)
@@ -411,10 +434,14 @@ def claimed(record: Path) -> Iterator[bool]:
 
 def load_records(out: Path, comparison: str) -> list[dict[str, Any]]:
     folder = out / comparison
-    if not folder.is_dir():
-        return []
-    records = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*__s*.json"))]
-    return [r for r in records if r.get("comparison") == comparison]
+    paths = sorted(folder.glob("*__s*.json")) if folder.is_dir() else []
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    records = [r for r in records if r.get("comparison") == comparison]
+    for m in COMPARISONS.get(comparison, ()):
+        if m.reuse:  # the same runs as another comparison's: read from there
+            records += [{**r, "comparison": comparison, "label": m.label, "reused_from": m.reuse}
+                        for r in load_records(out, m.reuse) if r["method"] == m.name]
+    return records
 
 
 def missing_records(out: Path, comparison: str, quick: bool = False) -> dict[str, list[int]]:
@@ -423,7 +450,8 @@ def missing_records(out: Path, comparison: str, quick: bool = False) -> dict[str
     return {
         name: missing
         for name, seeds in wanted.items()
-        if (missing := [s for s in seeds if not record_path(out, comparison, name, s).is_file()])
+        if (missing := [s for s in seeds
+                        if not record_path(out, method(comparison, name).reuse or comparison, name, s).is_file()])
     }
 
 
@@ -469,7 +497,7 @@ def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {"label": m.label, "seeds": [r["seed"] for r in mine],
                                  "wall_s": {str(r["seed"]): r["wall_s"] for r in mine}}
-        if comparison == "magrpo":
+        if comparison in ("magrpo", "preference"):
             keys = sorted({k for r in mine for k in r["eval"] if not k.startswith("pass@")})
             entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
             entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
@@ -504,28 +532,32 @@ def _band(ax: Any, curves: list[list[float]], color: str, label: str, smoothing:
 COLORS = ("tab:grey", "tab:brown", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:red")
 
 
-def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Path, smoothing: int) -> None:
+def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Path, smoothing: int,
+                comparison: str = "magrpo") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    colors = dict(zip((m.name for m in COMPARISONS["magrpo"]), COLORS))
-    for m in COMPARISONS["magrpo"]:
+    colors = dict(zip((m.name for m in COMPARISONS[comparison]), COLORS))
+    # The single writer's format: the delimiter (magrpo) or the tagged sections (the centralised model).
+    share = "reward/delimiter" if comparison == "magrpo" else "reward/sections_found"
+    for m in COMPARISONS[comparison]:
         mine = [r for r in records if r["method"] == m.name and r["curve"].get("reward/total")]
         if mine:
             _band(axes[0], [r["curve"]["reward/total"] for r in mine], colors[m.name], m.label, smoothing)
-            if "reward/delimiter" in mine[0]["curve"]:
-                _band(axes[2], [r["curve"]["reward/delimiter"] for r in mine], colors[m.name], m.label, smoothing)
+            if share in mine[0]["curve"]:
+                _band(axes[2], [r["curve"][share] for r in mine], colors[m.name], m.label, smoothing)
     axes[0].set_title(f"training batch joint reward (max 3.0), moving average {smoothing}", fontsize=9)
     axes[0].set_xlabel("iteration")
-    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]", fontsize=9)
+    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]" if comparison == "magrpo"
+                      else "centralised model: share of roles with a tagged section", fontsize=9)
     axes[2].set_xlabel("iteration")
     axes[2].set_ylim(-0.05, 1.05)
-    names = [n for n in (m.name for m in COMPARISONS["magrpo"]) if n in summary]
+    names = [n for n in (m.name for m in COMPARISONS[comparison]) if n in summary]
     for i, name in enumerate(names):
-        untrained = method("magrpo", name).learner == "eval"  # before = after: one bar
+        untrained = method(comparison, name).learner == "eval"  # before = after: one bar
         for j, (key, shade) in enumerate((("eval_before", 0.35), ("eval", 1.0))):
             if untrained and key == "eval_before":
                 continue
@@ -585,8 +617,9 @@ def plot_cory(records: list[dict[str, Any]], path: Path, smoothing: int) -> None
 def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
     """The page's generated section for one comparison (markdown)."""
     lines: list[str] = []
-    if comparison == "magrpo":
-        components = ("total", "structure", "length", "diversity", "transition", "jaccard", "delimiter")
+    if comparison in ("magrpo", "preference"):
+        components = ("total", "structure", "length", "diversity", "transition", "jaccard",
+                      "delimiter" if comparison == "magrpo" else "sections_found")
         lines.append("| method | " + " | ".join(f"eval {c}" for c in components) + " | eval total before |")
         lines.append("|---" * (len(components) + 2) + "|")
         for entry in summary.values():
@@ -609,7 +642,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     for r in sorted(records, key=lambda r: (r["method"], r["seed"])):
         load = r["load_average_1min"]
         name = f"{r['method']}__s{r['seed']}"
-        lines.append(f"| [{name}](results/{comparison}/{name}.json) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
+        link = f"results/{r.get('reused_from', comparison)}/{name}.json"
+        lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
                      f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} |")
     missing = missing_records(out, comparison)
     lines.append("")
@@ -676,8 +710,8 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
         result["missing"][comparison] = missing_records(out, comparison)
         if records:
             figure = out / f"{comparison}.png"
-            if comparison == "magrpo":
-                plot_magrpo(records, summary, figure, smoothing)
+            if comparison in ("magrpo", "preference"):
+                plot_magrpo(records, summary, figure, smoothing, comparison)
             else:
                 plot_cory(records, figure, smoothing)
             result["figures"].append(str(figure))

@@ -38,13 +38,15 @@ PAGE = """# Results
 reading kept
 ## CORY
 {cory}
+## Preference
+{preference}
 """
 
 
 def page_with_markers(results, path: Path) -> Path:
     marks = {
         name: results.MARKER.format(name=name, end="begin") + "\nold\n" + results.MARKER.format(name=name, end="end")
-        for name in ("wall", "magrpo", "cory")
+        for name in ("wall", "magrpo", "cory", "preference")
     }
     path.write_text(PAGE.format(**marks), encoding="utf-8")
     return path
@@ -192,3 +194,27 @@ def test_quick_with_the_embedded_model(results, tmp_path, capsys) -> None:
     assert 0.0 <= single["eval"]["total"] <= 3.0 and 0.0 <= single["eval"]["delimiter"] <= 1.0
     assert len(single["curve"]["reward/total"]) == 2
     assert 0.0 <= records["untrained-sequential"]["eval"]["total"] <= 3.0
+
+
+def test_quick_preference_records_reuse_magrpo_and_render(
+    results, tiny_model_dir, tmp_path, capsys, varied_writing_reward
+) -> None:
+    """The preference comparison: its MAGRPO team is the magrpo comparison's record (run there once,
+    read from there), its centralised and MADPO runs are its own."""
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    argv = ["run", "preference", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--threads", "1", "--methods", "magrpo", "madpo"]
+    assert results.main(argv) == 0
+    assert (out / "magrpo" / "magrpo__s0.json").is_file() and (out / "preference" / "madpo__s0.json").is_file()
+    records = {r["method"]: r for r in results.load_records(out, "preference")}
+    assert set(records) == {"magrpo", "madpo"} and records["magrpo"]["reused_from"] == "magrpo"
+    madpo = records["madpo"]
+    assert madpo["command"].startswith("llm-envs train madpo") and "--num-prompts 2" in madpo["command"]
+    assert math.isfinite(madpo["eval"]["total"]) and len(madpo["curve"]["losses/dpo"]) == 2
+    centralized = results.flags_of(results.method("preference", "centralized"), "preference", False)
+    assert centralized["centralized"] is True and centralized["max-new-tokens"] == 96
+    page = page_with_markers(results, tmp_path / "results.md")
+    assert results.main(["render", "--out", str(out), "--page", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "MADPO (offline" in text and "(results/magrpo/magrpo__s0.json)" in text
+    assert "python bench/results.py run preference --seeds 0 1 2 --methods centralized" in text
