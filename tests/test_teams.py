@@ -1,10 +1,10 @@
 """A team of bases (docs/teams.md): agents on different base models with different tokenizers.
 
 The team: a tiny Llama over SmolLM2's default tokenizer (49152 ids) and a tiny Qwen2 over a byte-level
-BPE tokenizer trained here (300 ids), both built from config in the test. The policy groups agents by
-base (agents/team.py); per-agent sampling reaches the engine; checkpoints record each agent's base and
-tokenizer; every learner trains such a team (CORY and the central critics need one tokenizer: a Llama
-and a Qwen2 over SmolLM2's).
+BPE tokenizer trained here (300 ids; its model directory loads it as Qwen2's tokenizer, one id more),
+both built from config in the test. The policy groups agents by base (agents/team.py); per-agent
+sampling reaches the engine; checkpoints record each agent's base and tokenizer; every learner trains
+such a team (CORY and the central critics need one tokenizer: a Llama and a Qwen2 over SmolLM2's).
 """
 
 from __future__ import annotations
@@ -58,23 +58,35 @@ def toks():
     return load_tokenizer(None), byte_bpe()
 
 
+def save_model_dir(path, build, tokenizer) -> str:
+    """A local model directory read back as any process reads it: the tokenizer and the model's config
+    are written first, then the tokenizer is loaded from the directory and the weights are built for
+    it. The order matters: ``AutoTokenizer`` picks the tokenizer's class from the config's model type
+    (a Qwen2 config loads the BPE tokenizer as ``Qwen2Tokenizer``, which adds ``<|endoftext|>``: one id
+    more), so a tokenizer loaded before the config exists differs from the one every later load gets."""
+    tokenizer.save_pretrained(path)
+    build(tokenizer).config.save_pretrained(path)
+    # Loaded once the config is there, as every later load (in this process or another) loads it; the
+    # process cache keeps it for the learners and envs of the tests.
+    reloaded = load_tokenizer(str(path))
+    model = build(reloaded)
+    model.save_pretrained(path)
+    # The embedding as large as the tokenizer the envs load (the envs refuse ids beyond it).
+    assert model.config.vocab_size == len(reloaded), path
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(toks, tmp_path_factory):
     """``llama`` (SmolLM2's tokenizer), ``qwen`` (the BPE tokenizer), ``qwen-smol`` (Qwen2 over SmolLM2's
     tokenizer, hidden 48: another width than the Llama's 32) as local model directories."""
     smol, bpe = toks
     root = tmp_path_factory.mktemp("team")
-    out = {}
-    for name, build, tok in (
-        ("llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
-        ("qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
-        ("qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
-    ):
-        tok.save_pretrained(root / name)
-        # The embedding as large as the tokenizer the envs load (the envs refuse ids beyond it).
-        build(load_tokenizer(str(root / name))).save_pretrained(root / name)
-        out[name] = str(root / name)
-    return out
+    return {
+        "llama": save_model_dir(root / "llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
+        "qwen": save_model_dir(root / "qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
+        "qwen-smol": save_model_dir(root / "qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
+    }
 
 
 def team(toks, **kwargs):
@@ -356,7 +368,7 @@ def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_p
     assert trainer["detailed"]["param_groups"][0]["lr"] == 5e-3 and trainer["brief"]["param_groups"][0]["lr"] == 1e-2
     manifest = json.loads((run_dir / "checkpoints" / "step_000002" / "policy" / "policy.json").read_text())
     detailed = manifest["team"]["detailed"]
-    assert detailed["tokenizer"]["size"] == 300 and detailed["lora"]["rank"] == 2
+    assert detailed["tokenizer"]["size"] == len(load_tokenizer(model_dirs["qwen"])) and detailed["lora"]["rank"] == 2
     assert result["agent_detailed/response_tokens"] <= 3
     # --resume continues the run; a resumed run with another model for an agent is refused, naming it.
     resumed = magrpo.main(dataclasses.replace(config, num_iterations=3, resume=True))
