@@ -35,6 +35,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 SENTENCE = re.compile(r"(?<=[.!?])\s+")
 
@@ -169,13 +170,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import llm_envs
     from agents import LoraSettings, MultiAgentPolicy
     from baselines.checkpoints import CheckpointError, find_checkpoint
+    from baselines.config import parse_agent_models, parse_agent_settings
     from baselines.evaluation import evaluate
+    from baselines.play import team_env_kwargs
 
     env_id, model = args.env, args.model
     env_kwargs: dict = {}
-    lora = LoraSettings()
+    lora: Any = LoraSettings()  # one for every agent, or agent -> its own (a team)
     checkpoint = None
     learner, trainer = None, {}
+    team_models: dict[str, str] = {}  # a team's agents on their own bases, as trained
+    team_settings: dict[str, dict] = {}
     if args.checkpoint is not None:
         checkpoint = find_checkpoint(args.checkpoint)
         trainer_path = checkpoint / "trainer.json"
@@ -187,6 +192,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env_id = env_id or saved["env"]
         model = model if model is not None else saved.get("model")
         lora = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])
+        team_models = parse_agent_models(saved.get("agent_models") or ())
+        team_settings = parse_agent_settings(saved.get("agent_settings") or ())
         for key in ("max_source_words", "data_path"):
             if saved.get(key) is not None:
                 env_kwargs[key] = saved[key]
@@ -225,15 +232,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
         models = list(MODELS)
     else:
         models = agents
+    # A team: each agent on its base and with its LoRA settings, as the learner built it (its config's
+    # model_of and lora_of: a mapping only where agents differ).
+    bases: str | dict[str, str | None] | None = {m: team_models.get(m, model) for m in models} if team_models else model
+    own = {m: LoraSettings(rank=team_settings.get(m, {}).get("lora_rank", lora.rank),
+                           alpha=team_settings.get(m, {}).get("lora_alpha", lora.alpha)) for m in models}
+    if any(settings != lora for settings in own.values()):
+        lora = own
     if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
         from baselines.critic import CRITIC
 
+        # The critic sits on the first model's base, at the run's LoRA settings.
+        if isinstance(bases, dict):
+            bases[CRITIC] = bases[models[0]]
+        if isinstance(lora, dict):
+            lora[CRITIC] = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])
         models = [*models, CRITIC]  # the centralised critic's adapter is part of the checkpoint
     policy = MultiAgentPolicy.from_pretrained(
-        models, model, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory", "maac")
+        models, bases, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory", "maac")
     )
     if checkpoint is not None:
         policy.load(checkpoint / "policy")
+    # Each role's env speaks the tokenizer of the model playing it and stops at its EOS ids (a team of
+    # tokenizers; CORY's models in the roles they played last).
+    env_kwargs = team_env_kwargs(env_kwargs, policy, adapters)
     greedy = args.num_samples == 1 and not args.sample
     ks = args.k if args.k is not None else [k for k in (1, 5, 10) if k <= args.num_samples]
     result = evaluate(

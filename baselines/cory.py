@@ -4,7 +4,9 @@ Paper: Ma, Hu, Pu, et al., "Coevolving with the Other You: Fine-Tuning LLM with 
 Multi-Agent Reinforcement Learning" (NeurIPS 2024). Docs: docs/cory.md.
 
 1. Two copies of the model (two LoRA adapters with value heads on one frozen base): ``model_0``
-   starts as the pioneer, ``model_1`` as the observer.
+   starts as the pioneer, ``model_1`` as the observer. Or two models (``--agent-models
+   model_1=PATH``), of different tokenizers too: each role's env speaks the tokenizer of the model
+   playing it (text is what passes between them), so the envs' tokenizers swap with the roles.
 2. Each iteration plays a batch on a sequential pioneer -> observer env (``sentiment/imdb-cory-v0``,
    ``math/gsm8k-cory-v0``): the pioneer answers the query, the observer answers after reading it; both
    receive the collective reward r(pioneer) + r(observer) from the env.

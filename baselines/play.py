@@ -27,29 +27,103 @@ def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:
     finally:
         env.close()
 
-def team_env_kwargs(env_kwargs: Mapping[str, Any], policy: Any, agents: Sequence[str]) -> dict[str, Any]:
-    """``env_kwargs`` with what the envs need from ``policy`` for ``agents`` (env agent -> policy agent
-    of the same name): the EOS ids where a response ends (``stop_token_ids``) and, in a team whose
-    agents speak different tokenizers, each agent's tokenizer (``tokenizer={agent: tok}``)."""
+def team_env_kwargs(
+    env_kwargs: Mapping[str, Any],
+    policy: Any,
+    agents: Sequence[str] | Mapping[str, str],
+    fingerprints: dict[int, str] | None = None,
+) -> dict[str, Any]:
+    """``env_kwargs`` with what the envs need from ``policy`` for ``agents``: the env agents, each
+    played by the policy agent of the same name, or a mapping env agent -> the policy agent playing it
+    (CORY's role -> model). Added: the EOS ids where a response ends (``stop_token_ids``) and, in a team
+    whose players speak different tokenizers, each env agent's tokenizer and EOS ids, its player's
+    (``tokenizer={agent: tok}``, ``stop_token_ids={agent: ids}``). ``fingerprints``: a dict in which
+    to keep the tokenizers' fingerprints (``id(tokenizer)`` -> fingerprint) for a caller that asks
+    about the same live tokenizers again (:class:`RoleEnvs`; a fingerprint hashes a whole vocabulary).
+
+    >>> from types import SimpleNamespace as Fake
+    >>> tok = Fake(get_vocab=lambda: {"a": 0, "b": 1}, pad_token_id=0, eos_token_id=1)
+    >>> other = Fake(get_vocab=lambda: {"c": 0, "d": 1, "e": 2}, pad_token_id=0, eos_token_id=2)
+    >>> eos = {"model_0": (1,), "model_1": (2,)}.get
+    >>> cory = {"pioneer": "model_1", "observer": "model_0"}
+    >>> team_env_kwargs({}, Fake(tokenizer_of=lambda m: tok, eos_token_ids_of=eos), cory)  # one tokenizer
+    {'stop_token_ids': [1, 2]}
+    >>> two = Fake(tokenizer_of={"model_0": tok, "model_1": other}.get, eos_token_ids_of=eos)
+    >>> mixed = team_env_kwargs({}, two, cory)  # two tokenizers: each role its player's
+    >>> mixed["tokenizer"]["pioneer"] is other, mixed["stop_token_ids"]
+    (True, {'pioneer': [2], 'observer': [1]})
+    """
     from agents.team import tokenizer_fingerprint
 
+    players = dict(agents) if isinstance(agents, Mapping) else {a: a for a in agents}
     kwargs = dict(env_kwargs)
-    tokenizers = {a: policy.tokenizer_of(a) for a in agents}
-    prints = {tokenizer_fingerprint(t) for t in {id(t): t for t in tokenizers.values()}.values()}
+    tokenizers = {a: policy.tokenizer_of(m) for a, m in players.items()}
+    known = {} if fingerprints is None else fingerprints
+    distinct = {id(t): t for t in tokenizers.values()}
+    for key, tok in distinct.items():
+        if key not in known:
+            known[key] = tokenizer_fingerprint(tok)
+    prints = {known[key] for key in distinct}
+    first = next(iter(tokenizers))
     if len(prints) > 1:
         kwargs["tokenizer"] = tokenizers
-        kwargs["stop_token_ids"] = {a: list(policy.eos_token_ids_of(a)) for a in agents}
+        kwargs["stop_token_ids"] = {a: list(policy.eos_token_ids_of(m)) for a, m in players.items()}
     else:
         if len({id(t) for t in tokenizers.values()}) > 1 or "tokenizer" in kwargs:
-            kwargs["tokenizer"] = tokenizers[agents[0]]  # one vocabulary: the same object for every agent
-        kwargs["stop_token_ids"] = sorted({i for a in agents for i in policy.eos_token_ids_of(a)})
+            kwargs["tokenizer"] = tokenizers[first]  # one vocabulary: the same object for every agent
+        kwargs["stop_token_ids"] = sorted({i for m in players.values() for i in policy.eos_token_ids_of(m)})
     return kwargs
+
+
+class RoleEnvs:
+    """The vector envs of a run whose models may swap roles (CORY): each role's env speaks the
+    tokenizer of the model playing it and ends its responses at that model's EOS ids, so when models of
+    different tokenizers swap roles, the envs' tokenizers swap with them.
+
+    ``kwargs(players)`` are the env arguments of an assignment ``{role: model}``
+    (:func:`team_env_kwargs`) and ``vector(players)`` its vector env of ``num_envs`` envs. Both are
+    built on first use and kept: a swap back costs nothing, and assignments whose arguments are the same
+    (models of one tokenizer: every CORY run of one base) share one vector env."""
+
+    def __init__(
+        self, env_id: str, num_envs: int, policy: Any, env_kwargs: Mapping[str, Any], **make_kwargs: Any
+    ) -> None:
+        self.env_id, self.num_envs, self.policy = env_id, num_envs, policy
+        self.env_kwargs, self.make_kwargs = dict(env_kwargs), make_kwargs
+        self._kwargs: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        self._fingerprints: dict[int, str] = {}  # the policy's tokenizers: alive as long as it is
+        self._vectors: list[tuple[dict[str, Any], Any]] = []  # (env arguments, vector env)
+
+    def kwargs(self, players: Mapping[str, str]) -> dict[str, Any]:
+        """The env arguments when ``players`` (role -> model) play the roles."""
+        key = tuple(sorted(players.items()))
+        if key not in self._kwargs:
+            self._kwargs[key] = team_env_kwargs(self.env_kwargs, self.policy, players, self._fingerprints)
+        return self._kwargs[key]
+
+    def vector(self, players: Mapping[str, str]) -> Any:
+        """The vector env (``llm_envs.make_vec``) in which ``players`` (role -> model) play the roles."""
+        from llm_envs.core.vector import make_vec
+
+        kwargs = self.kwargs(players)
+        for built, venv in self._vectors:
+            if built == kwargs:  # tokenizers and other objects compare by identity, ids by value
+                return venv
+        venv = make_vec(self.env_id, self.num_envs, **self.make_kwargs, **kwargs)
+        self._vectors.append((kwargs, venv))
+        return venv
+
+    def close(self) -> None:
+        """Close every vector env built."""
+        for _, venv in self._vectors:
+            venv.close()
+        self._vectors.clear()
 
 
 def check_shared_tokenizer(policy: Any, agents: Sequence[str], why: str) -> None:
     """Refuse, before the first iteration, a team whose ``agents`` speak different tokenizers when the
-    run needs one (``why``: CORY swaps roles between its models; a central critic reads every agent's
-    token ids). Empty ``why``: nothing to check."""
+    run needs one (``why``: a central critic reads every agent's token ids). Empty ``why``: nothing to
+    check."""
     if not why:
         return
     from agents.team import tokenizer_fingerprint

@@ -40,10 +40,9 @@ from baselines.critic import CRITIC, central_context, central_forward
 from baselines.experience import Experience, make_experience
 from baselines.kl_control import kl_controller
 from baselines.metrics import reward_metrics
-from baselines.play import check_shared_tokenizer, probe_env, team_env_kwargs
+from baselines.play import RoleEnvs, check_shared_tokenizer, probe_env
 from baselines.run import Run, mean_over_agents
 from baselines.tensors import masked_mean
-from llm_envs.core.vector import make_vec
 
 LEARNER = "ppo"
 
@@ -365,7 +364,10 @@ def rollout_sampling(config: Config, models: Sequence[str], length: int) -> dict
 def train(config: Config, *, models: Sequence[str] | None = None, assign: Assignment | None = None) -> dict[str, Any]:
     """The PPO loop shared by PPO and CORY. ``models`` names the adapters (default: the env's agents);
     ``assign(iteration)`` says which model plays which role (default: each agent plays itself). Each
-    model keeps its own adapter, value head, optimizer and KL controller whichever role it plays.
+    model keeps its own adapter, value head, optimizer and KL controller whichever role it plays, and
+    each role's env speaks the tokenizer of the model playing it (:class:`baselines.play.RoleEnvs`): the
+    models may have different tokenizers, except with ``--critic central`` (its critic reads every
+    model's token ids).
 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its contiguous share
     of each iteration's episodes, each episode sampled under its own seed; advantages are whitened
@@ -379,7 +381,6 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     positions = distributed.shard(range(config.batch_size))  # this rank's episodes of each batch
     env_kwargs = config.build_env_kwargs()
     roles, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
-    assign_given = assign is not None  # CORY: models swap roles
     models = list(roles if models is None else models)
     assign = assign or (lambda _iteration: {r: r for r in roles})
     critic = [CRITIC] if config.critic == "central" else []  # the central critic: one more adapter
@@ -406,22 +407,19 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    check_shared_tokenizer(policy, [*models, *critic], "swaps roles between models" if assign_given else
-                           "has a central critic reading every agent's tokens" if critic else "")
-    # The envs end each response at any of the policy's EOS ids, exactly where generation stopped; in
-    # a team each role's env speaks its model's tokenizer.
-    if assign_given:
-        env_kwargs = team_env_kwargs(env_kwargs, policy, [models[0]])
-    else:
-        env_kwargs = team_env_kwargs(env_kwargs, policy, list(roles))
-    venv = make_vec(config.env, len(positions), max_new_tokens=config.max_new_tokens, **env_kwargs)
-    n_train = len(venv.envs[0].task.problems("train"))
+    check_shared_tokenizer(policy, [*models, *critic], "has a central critic reading every agent's tokens"
+                           if critic else "")
+    # Each role's env speaks the tokenizer of the model playing it and ends a response at that model's
+    # EOS ids, exactly where generation stopped. CORY's models swap roles, and with them the tokenizers
+    # the roles' envs speak: one vector env per assignment (one in all when the models share a tokenizer).
+    envs = RoleEnvs(config.env, len(positions), policy, env_kwargs, max_new_tokens=config.max_new_tokens)
+    n_train = len(envs.vector(assign(0)).envs[0].task.problems("train"))
     optimizers = {m: policy.optimizer(m, lr=config.learning_rate_of(m if m != CRITIC else None))
                   for m in [*models, *critic]}
     controllers = {m: kl_controller(config) for m in models}
     for m, value in run.resume(policy, optimizers).get("kl_coef", {}).items():
         controllers[m].value = float(value)
-    run.start(policy, optimizers, env_kwargs=env_kwargs, adapters=assign, weights="adapter and value-head weights",
+    run.start(policy, optimizers, env_kwargs=envs.kwargs, adapters=assign, weights="adapter and value-head weights",
               extra_state=lambda: {"kl_coef": {m: c.value for m, c in controllers.items()}})
 
     metrics: dict[str, float] = {}
@@ -430,6 +428,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
         for iteration in run.iterations():
             t0 = time.perf_counter()
             players = assign(iteration)  # role -> model
+            venv = envs.vector(players)
             # 1. Rollout: one response length for the whole batch; roles act as the env's protocol says.
             problems = run.rng.choice(n_train, size=config.batch_size, replace=n_train < config.batch_size)
             length = int(run.rng.integers(config.min_new_tokens, config.max_new_tokens + 1))
@@ -485,7 +484,7 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                               kl=f"{metrics['losses/kl']:.2f}", s_it=f"{elapsed:.1f}")
         run.evaluate_after()
     result = run.finish(metrics)
-    venv.close()
+    envs.close()
     return result
 
 

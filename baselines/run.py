@@ -109,7 +109,7 @@ class Run:
         policy: Any,
         optimizers: Mapping[str, torch.optim.Optimizer],
         *,
-        env_kwargs: Mapping[str, Any],
+        env_kwargs: Mapping[str, Any] | Callable[[Mapping[str, str]], Mapping[str, Any]],
         adapters: Callable[[int], Mapping[str, str]] | None = None,
         extra_state: Callable[[], Mapping[str, Any]] | None = None,
         weights: str = "adapter weights",
@@ -117,10 +117,14 @@ class Run:
         """Make the replicas identical, open the metrics and transcripts files (rank 0) and the
         progress bar, and take the first boundary. ``env_kwargs``: the envs' arguments, for the
         evaluations; ``adapters(iteration)``: which adapter plays which role in an iteration (the
-        evaluations use the last trained iteration's); ``extra_state()``: learner state to checkpoint
-        at each boundary (PPO's KL coefficients); ``weights`` names them in the sync check's error."""
+        evaluations use the last trained iteration's), and then ``env_kwargs`` may be a function of that
+        assignment (role -> adapter) giving the envs' arguments for it (CORY's models of different
+        tokenizers: each role's env speaks its player's tokenizer); ``extra_state()``: learner state to
+        checkpoint at each boundary (PPO's KL coefficients); ``weights`` names them in the sync check's error."""
         from tqdm.auto import tqdm
 
+        if callable(env_kwargs) and adapters is None:
+            raise ValueError("env_kwargs is a function of the roles' adapters, so Run.start needs adapters= too")
         config = self.config
         self.policy, self.optimizers = policy, optimizers
         self.env_kwargs, self.adapters, self.extra_state, self.weights = env_kwargs, adapters, extra_state, weights
@@ -171,6 +175,8 @@ class Run:
             distributed.barrier()
             return {}
         episodes: list[dict[str, Any]] = []
+        adapters = None if self.adapters is None else self.adapters(max(step - 1, 0))
+        env_kwargs = self.env_kwargs(adapters) if callable(self.env_kwargs) else self.env_kwargs
         result = evaluation.evaluate(
             self.policy,
             config.env,
@@ -182,8 +188,8 @@ class Run:
             greedy=config.eval_greedy,
             sampling=config.eval_sampling(list(self.policy.agents)),
             seed=config.seed,
-            env_kwargs=self.env_kwargs,
-            adapters=None if self.adapters is None else self.adapters(max(step - 1, 0)),
+            env_kwargs=env_kwargs,
+            adapters=adapters,
             episodes=episodes,
         )
         assert self.samples is not None

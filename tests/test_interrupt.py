@@ -90,6 +90,25 @@ def run_state(run_dir) -> dict:
     return {"tensors": tensors, "optimizers": optimizers, "trainer": trainer, "metrics": metrics}
 
 
+def assert_same_run(got: dict, expected: dict) -> None:
+    """Two :func:`run_state` results are the same run: step, learner state (KL coefficients, eval
+    before), metrics, and bit-identical tensors and optimizer states."""
+    assert got["trainer"]["step"] == expected["trainer"]["step"]
+    assert got["trainer"]["extra"] == expected["trainer"]["extra"]  # KL coefficients, eval before
+    assert got["metrics"] == expected["metrics"]
+    assert sorted(got["tensors"]) == sorted(expected["tensors"])
+    for name, tensors in expected["tensors"].items():
+        for key, tensor in tensors.items():
+            assert torch.equal(got["tensors"][name][key], tensor), (name, key)
+    assert sorted(got["optimizers"]) == sorted(expected["optimizers"])
+    for agent, state in expected["optimizers"].items():
+        mine = got["optimizers"][agent]
+        assert mine["param_groups"] == state["param_groups"]
+        for index, values in state["state"].items():
+            for key, value in values.items():
+                assert torch.equal(mine["state"][index][key], value), (agent, index, key)
+
+
 def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: int) -> None:
     """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there); for
     ``"step"``, the ``call``-th optimizer step of iteration 2 raises after it has run."""
@@ -147,20 +166,8 @@ def test_interrupt_then_resume_equals_uninterrupted_run(tiny_model_dir, tmp_path
     assert saved["step"] == 1
     module.main(dataclasses.replace(config, resume=True))
     got = run_state(config.run_dir())
-
     assert got["trainer"]["step"] == expected["trainer"]["step"] == 3
-    assert got["trainer"]["extra"] == expected["trainer"]["extra"]  # KL coefficients, eval before
-    assert got["metrics"] == expected["metrics"]
-    assert sorted(got["tensors"]) == sorted(expected["tensors"])
-    for name, tensors in expected["tensors"].items():
-        for key, tensor in tensors.items():
-            assert torch.equal(got["tensors"][name][key], tensor), (name, key)
-    for agent, state in expected["optimizers"].items():
-        mine = got["optimizers"][agent]
-        assert mine["param_groups"] == state["param_groups"]
-        for index, values in state["state"].items():
-            for key, value in values.items():
-                assert torch.equal(mine["state"][index][key], value), (agent, index, key)
+    assert_same_run(got, expected)
 
 
 def test_interrupt_keeps_a_clean_periodic_checkpoint(tiny_model_dir, tmp_path, monkeypatch):

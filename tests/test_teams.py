@@ -1,10 +1,11 @@
 """A team of bases (docs/teams.md): agents on different base models with different tokenizers.
 
 The team: a tiny Llama over SmolLM2's default tokenizer (49152 ids) and a tiny Qwen2 over a byte-level
-BPE tokenizer trained here (300 ids), both built from config in the test. The policy groups agents by
-base (agents/team.py); per-agent sampling reaches the engine; checkpoints record each agent's base and
-tokenizer; every learner trains such a team (CORY and the central critics need one tokenizer: a Llama
-and a Qwen2 over SmolLM2's).
+BPE tokenizer trained here (300 ids; its model directory loads it as Qwen2's tokenizer, one id more),
+both built from config in the test. The policy groups agents by base (agents/team.py); per-agent
+sampling reaches the engine; checkpoints record each agent's base and tokenizer; every learner trains
+such a team, CORY's two models swapping roles between the two tokenizers (the central critics need one
+tokenizer: a Llama and a Qwen2 over SmolLM2's).
 """
 
 from __future__ import annotations
@@ -58,23 +59,35 @@ def toks():
     return load_tokenizer(None), byte_bpe()
 
 
+def save_model_dir(path, build, tokenizer) -> str:
+    """A local model directory read back as any process reads it: the tokenizer and the model's config
+    are written first, then the tokenizer is loaded from the directory and the weights are built for
+    it. The order matters: ``AutoTokenizer`` picks the tokenizer's class from the config's model type
+    (a Qwen2 config loads the BPE tokenizer as ``Qwen2Tokenizer``, which adds ``<|endoftext|>``: one id
+    more), so a tokenizer loaded before the config exists differs from the one every later load gets."""
+    tokenizer.save_pretrained(path)
+    build(tokenizer).config.save_pretrained(path)
+    # Loaded once the config is there, as every later load (in this process or another) loads it; the
+    # process cache keeps it for the learners and envs of the tests.
+    reloaded = load_tokenizer(str(path))
+    model = build(reloaded)
+    model.save_pretrained(path)
+    # The embedding as large as the tokenizer the envs load (the envs refuse ids beyond it).
+    assert model.config.vocab_size == len(reloaded), path
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def model_dirs(toks, tmp_path_factory):
     """``llama`` (SmolLM2's tokenizer), ``qwen`` (the BPE tokenizer), ``qwen-smol`` (Qwen2 over SmolLM2's
     tokenizer, hidden 48: another width than the Llama's 32) as local model directories."""
     smol, bpe = toks
     root = tmp_path_factory.mktemp("team")
-    out = {}
-    for name, build, tok in (
-        ("llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
-        ("qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
-        ("qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
-    ):
-        tok.save_pretrained(root / name)
-        # The embedding as large as the tokenizer the envs load (the envs refuse ids beyond it).
-        build(load_tokenizer(str(root / name))).save_pretrained(root / name)
-        out[name] = str(root / name)
-    return out
+    return {
+        "llama": save_model_dir(root / "llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
+        "qwen": save_model_dir(root / "qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
+        "qwen-smol": save_model_dir(root / "qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
+    }
 
 
 def team(toks, **kwargs):
@@ -356,7 +369,7 @@ def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_p
     assert trainer["detailed"]["param_groups"][0]["lr"] == 5e-3 and trainer["brief"]["param_groups"][0]["lr"] == 1e-2
     manifest = json.loads((run_dir / "checkpoints" / "step_000002" / "policy" / "policy.json").read_text())
     detailed = manifest["team"]["detailed"]
-    assert detailed["tokenizer"]["size"] == 300 and detailed["lora"]["rank"] == 2
+    assert detailed["tokenizer"]["size"] == len(load_tokenizer(model_dirs["qwen"])) and detailed["lora"]["rank"] == 2
     assert result["agent_detailed/response_tokens"] <= 3
     # --resume continues the run; a resumed run with another model for an agent is refused, naming it.
     resumed = magrpo.main(dataclasses.replace(config, num_iterations=3, resume=True))
@@ -376,8 +389,129 @@ def test_ppo_team_of_two_tokenizers(model_dirs, tmp_path):
     assert_trained(result, tmp_path / "ppo", ["brief", "detailed"])
 
 
+def test_role_envs_follow_the_players_tokenizers(toks):
+    """One vector env per role assignment where the models' tokenizers differ, one in all where they
+    agree; each role's spaces and stop ids are its player's."""
+    from types import SimpleNamespace
+
+    from baselines.play import RoleEnvs
+
+    smol, bpe = toks
+
+    def policy(tokenizers):
+        return SimpleNamespace(tokenizer_of=tokenizers.get, eos_token_ids_of=lambda m: (tokenizers[m].eos_token_id,))
+
+    normal, swapped = {"pioneer": "model_0", "observer": "model_1"}, {"pioneer": "model_1", "observer": "model_0"}
+    mixed = RoleEnvs("sentiment/imdb-cory-v0", 1, policy({"model_0": smol, "model_1": bpe}), {}, max_new_tokens=4)
+    first, second = mixed.vector(normal), mixed.vector(swapped)
+    assert first is not second and mixed.vector(normal) is first
+    for venv, players in ((first, normal), (second, swapped)):
+        for role, model in players.items():
+            tok = {"model_0": smol, "model_1": bpe}[model]
+            assert venv.tokenizer_of(role) is tok
+            assert venv.observation_space(role)["observation"].high.max() == len(tok) - 1
+            assert tok.eos_token_id in venv.envs[0].stop_token_ids_of(role)
+    assert mixed.kwargs(swapped)["stop_token_ids"] == {"pioneer": [bpe.eos_token_id], "observer": [smol.eos_token_id]}
+    shared = RoleEnvs("sentiment/imdb-cory-v0", 1, policy({"model_0": smol, "model_1": smol}), {}, max_new_tokens=4)
+    assert shared.vector(normal) is shared.vector(swapped)
+    mixed.close()
+    shared.close()
+
+
+def cory_of_two_tokenizers(model_dirs, tmp_path, name: str, **overrides):
+    """CORY with ``model_0`` a Llama over SmolLM2's tokenizer and ``model_1`` a Qwen2 over the BPE one,
+    swapping roles every iteration."""
+    from baselines import cory
+
+    settings = dict(model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen']}",),
+                    agent_settings=("model_1.temperature=0.7",), batch_size=2, minibatch_size=2, num_ppo_epochs=1,
+                    min_new_tokens=3, max_new_tokens=6, swap_every=1)
+    return cory.Config(**learner_settings(tmp_path, name, **{**settings, **overrides}))
+
+
+def test_cory_swaps_roles_between_two_tokenizers(model_dirs, tmp_path, monkeypatch, capsys):
+    """Each role's env speaks the tokenizer of the model playing it, in training and evaluation, across
+    swaps; both models train; the samples and ``llm-envs eval --checkpoint`` work."""
+    from baselines import cory, play
+    from baselines.cli import main as cli
+    from baselines.samples import read_samples
+
+    sizes = {"model_0": len(load_tokenizer(model_dirs["llama"])), "model_1": len(load_tokenizer(model_dirs["qwen"]))}
+    assert sizes["model_0"] != sizes["model_1"]
+    calls = []
+    real_play = play.play_episodes
+
+    def spy(policy, venv, **kwargs):  # every batch played: training and evaluations
+        steps, returns, infos = real_play(policy, venv, **kwargs)
+        calls.append((dict(kwargs["adapters"]), venv, "greedy" in kwargs))
+        for role, model in kwargs["adapters"].items():
+            assert venv.observation_space(role)["observation"].high.max() + 1 == sizes[model], (role, model)
+            assert venv.action_space(role).high.max() + 1 == sizes[model], (role, model)
+            assert set(venv.envs[0].stop_token_ids_of(role)) >= set(policy.eos_token_ids_of(model))
+            for gens in steps:
+                if role in gens:  # the prompts the model read and the ids it wrote are its tokenizer's
+                    assert int(gens[role].prompt_ids.max()) < sizes[model], (role, model)
+                    assert int(gens[role].response_ids.max()) < sizes[model], (role, model)
+        return steps, returns, infos
+
+    monkeypatch.setattr(play, "play_episodes", spy)
+    config = cory_of_two_tokenizers(model_dirs, tmp_path, "cory-mixed", num_iterations=3, num_eval_problems=1,
+                                    samples_every=1)
+    result = cory.main(config)
+    run_dir = tmp_path / "cory-mixed"
+    assert_trained(result, run_dir, ["model_0", "model_1"], steps=(2, 3))
+    normal, swapped = {"pioneer": "model_0", "observer": "model_1"}, {"pioneer": "model_1", "observer": "model_0"}
+    # Eval before, iterations 1-3 (swapping every iteration), eval after (the roles of iteration 3).
+    assert [(players, evaluation) for players, _, evaluation in calls] == [
+        (normal, True), (normal, False), (swapped, False), (normal, False), (normal, True)]
+    venvs = [venv for _, venv, evaluation in calls if not evaluation]
+    assert venvs[0] is venvs[2] is not venvs[1]  # one vector env per assignment, kept across swaps
+    for key in ("agent_model_0/role", "agent_model_1/role"):
+        assert math.isfinite(result[key])
+    assert (result["agent_model_0/role"], result["agent_model_1/role"]) == (0.0, 1.0)
+    # Transcripts: which model played each role, the observer reading the pioneer's answer as text.
+    train = [r for r in read_samples(run_dir) if r["kind"] == "train"]
+    assert [r["models"] for r in train if r["episode"] == 0] == [normal, swapped, normal]
+    for record in train:
+        turn = record["turns"][0]
+        assert turn["responses"]["pioneer"] in turn["prompts"]["observer"]
+    # The checkpoint evaluates from the command line, each model in the role it played last.
+    assert cli(["eval", "--checkpoint", str(run_dir), "--num-problems", "1"]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert math.isfinite(evaluated["eval/total"])
+    assert dict(calls[-1][0]) == normal and len(calls) == 6
+
+
+def test_cory_of_two_tokenizers_repeats_and_resumes_across_a_swap(model_dirs, tmp_path, monkeypatch):
+    """The same seed gives the same run, and Ctrl-C in the first swapped iteration then ``--resume`` ends
+    exactly as the uninterrupted run (tests/test_interrupt.py)."""
+    from test_interrupt import assert_same_run, patch_to_interrupt, run_state
+
+    from baselines import cory
+    from baselines.checkpoints import find_checkpoint
+
+    def config(name: str):  # iteration 1 in the first roles, iteration 2 swapped; evaluations after both
+        return cory_of_two_tokenizers(model_dirs, tmp_path, name, num_eval_problems=1, eval_every=1)
+
+    straight = config("straight")
+    cory.main(straight)
+    expected = run_state(straight.run_dir())
+    again = config("again")
+    cory.main(again)
+    assert_same_run(run_state(again.run_dir()), expected)
+
+    interrupted = config("interrupted")
+    with monkeypatch.context() as patch:  # right after iteration 2's first optimizer step (roles swapped)
+        patch_to_interrupt(patch, cory, "ppo_update", "step", 1)
+        with pytest.raises(KeyboardInterrupt):
+            cory.main(interrupted)
+    assert json.loads((find_checkpoint(interrupted.run_dir()) / "trainer.json").read_text())["step"] == 1
+    cory.main(dataclasses.replace(interrupted, resume=True))
+    assert_same_run(run_state(interrupted.run_dir()), expected)
+
+
 def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward):
-    from baselines import cory, maac
+    from baselines import cory, maac, ppo
 
     result = cory.main(cory.Config(**learner_settings(
         tmp_path, "cory", model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen-smol']}",),
@@ -388,11 +522,18 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
         tmp_path, "maac", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen-smol']}",),
         max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
     assert_trained(result, tmp_path / "maac", ["brief", "detailed", "critic"])
-    # The central critic reads every agent's token ids: two tokenizers are refused before training.
+    # A central critic reads every agent's token ids: two tokenizers are refused before training (MAAC,
+    # and PPO's and CORY's --critic central).
     with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
         maac.main(maac.Config(**learner_settings(
             tmp_path, "maac-mixed", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
             max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
+    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
+        ppo.main(ppo.Config(**learner_settings(
+            tmp_path, "ppo-central-mixed", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
+            agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2)))
+    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
+        cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central-mixed", critic="central"))
 
 
 def test_agent_settings_errors_list_the_valid_names():

@@ -13,7 +13,7 @@ Episode                one turn (``num_turns`` must be 1)
 =====================  ==========================================================================
 
 Prompts (the worked example is the paper's; ``<pioneer answer>`` is spliced in as the pioneer's token
-ids as generated)::
+ids as generated, or as its text encoded with the observer's tokenizer when the roles' tokenizers differ)::
 
     pioneer / agent                     observer
     Question: <worked question>         Question: <worked question>

@@ -24,7 +24,8 @@ agent          ``{query}``
 =============  ==============================================================================
 
 The pioneer's response is spliced into the observer's prompt as its token ids as generated (never
-re-tokenized), so the observer sees exactly what the pioneer produced.
+re-tokenized), so the observer sees exactly what the pioneer produced; when the roles have different
+tokenizers (``tokenizer={role: tok}``) the observer reads it as text encoded with its own.
 
 Reward. ``s(a)`` is the positive sentiment of ``query + a`` (:mod:`llm_envs.rewards.sentiment`):
 VADER's compound score by default (offline, in [-1, 1]), or with ``scorer=<path or hub id>`` the raw
