@@ -235,6 +235,13 @@ class CoreConfig:
     (across the turns of a multi-turn episode)."""
     max_grad_norm: float = 1.0
     """Clip each agent's gradient norm; 0 disables clipping."""
+    kl_in: Literal["reward", "loss"] = "reward"
+    """Where the KL to the reference (the base model with adapters disabled) enters, weighted by
+    --kl-coef (PPO, CORY: --init-kl-coef): ``reward``, a penalty on each response's reward before returns
+    and advantages (MAGRPO, MAAC: the k3 estimate ``exp(d) - d - 1``, ``d = log ref - log pi``, summed
+    over the response's tokens; PPO, CORY: ``-coef * (log pi - log ref)`` on every token, the adaptive
+    controller's); or ``loss``, a per-token k3 term of the loss. Defaults: MAGRPO ``loss``, the others
+    ``reward`` (the reference code's choice for every learner, with coefficient 0.1)."""
 
     # ---------------------------------------------------------------------------------- evaluation
     num_eval_problems: int = 8
@@ -294,6 +301,7 @@ class CoreConfig:
         check_choice(self, "logprob_temperature", ("raw", "sampling"))
         check_choice(self, "backend", ("auto", "engine", "generate"))
         check_centralized(self)
+        check_choice(self, "kl_in", ("reward", "loss"))
         if self.max_source_words is not None and (
             isinstance(self.max_source_words, bool) or not isinstance(self.max_source_words, int)
             or self.max_source_words < 1

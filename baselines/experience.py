@@ -12,6 +12,12 @@ the whole episode, skipping the padding between turns: the last token of turn k 
 value of turn k+1's first token, and the advantage carries across (gamma and lambda per token).
 One turn (the IMDB and GSM8K settings) is the K = 1 case.
 
+The KL penalty's estimator is "k1", ``log pi - log pi_ref`` of each sampled token (Ziegler et al.,
+TRL): a token's may be negative, its sum over a response is an unbiased estimate of the response's
+KL(pi || ref), and ``-kl_coef`` times it per token sums (undiscounted) to ``-kl_coef`` times that
+estimate. ``--kl-in loss`` passes ``kl_coef=0`` here and puts a k3 term into the loss instead
+(baselines/ppo.py); the log-ratio is still computed and logged as the episode's KL.
+
 >>> masks = [torch.tensor([[1, 1, 0]]), torch.tensor([[1, 0]])]   # turn 0: 2 tokens, turn 1: 1 token
 >>> ends = turn_ends(masks)
 >>> ends.tolist()
@@ -125,7 +131,8 @@ def token_rewards(
     ends: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token rewards: (N, K) task scores of K turns ((N,) for one), (N, T) log-probs under the policy
-    and the reference, (N, T) mask -> (rewards (N, T), kl (N, T)). ``kl = log pi - log pi_ref``; reward
+    and the reference, (N, T) mask -> (rewards (N, T), kl (N, T)). ``kl = log pi - log pi_ref`` (the k1
+    estimator per token); reward
     ``= -kl_coef * kl``, plus turn k's score on its last token, column ``ends[:, k]`` (:func:`turn_ends`;
     default, one turn: the last unmasked token of each row).
 
@@ -165,6 +172,8 @@ class Experience:
     contexts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     """``--critic central``: each turn's (N, L) context ids and mask of the central critic
     (:func:`baselines.critic.central_context`); ``None``: the model's own value head."""
+    ref_logprobs: torch.Tensor | None = None
+    """(N, T) the reference's log-probs of the responses (``--kl-in loss``'s KL term reads them)."""
 
 
 def score_turn(
@@ -215,4 +224,4 @@ def make_experience(
     if config.whiten_advantages:
         advantages = whiten(advantages, mask, across_ranks=distributed.world_size() > 1)
     return Experience(gens, mask, old_logprobs, old_values, advantages, returns, kl, scores,
-                      None if contexts is None else list(contexts))
+                      None if contexts is None else list(contexts), ref_logprobs)

@@ -11,6 +11,10 @@ Docs: docs/maac.md.
 4. Every actor's advantage is A_t = R_t - V_t (optionally whitened over the batch); each actor
    minimises the PPO-clipped surrogate over its own response tokens for ``num_epochs`` epochs; the
    critic minimises (V_t - R_t)^2 (clipped around its old estimate, as PPO's value loss).
+5. Optional KL to the reference (``--kl-coef`` > 0): ``--kl-in reward`` (the default) subtracts
+   ``kl_coef`` times the team's KL (every agent's response KL, k3 summed over its tokens, added up)
+   from the joint reward of step 2, so the critic's targets and the advantages include it;
+   ``--kl-in loss`` adds a per-token k3 term to each actor's loss.
 
 Run it::
 
@@ -45,13 +49,13 @@ from baselines.critic import (
 )
 from baselines.metrics import reward_metrics
 from baselines.play import check_shared_tokenizer, probe_env, rollout, team_env_kwargs
-from baselines.policy_gradient import discounted_returns, update_agent
-from baselines.run import Run
+from baselines.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
+from baselines.run import Run, mean_over_agents
 
 LEARNER = "maac"
 __all__ = [
     "CRITIC", "LEARNER", "Config", "central_context", "central_forward", "critic_inputs", "critic_values", "main",
-    "row_chunks", "summary", "update_critic", "value_loss", "whiten",
+    "returns_and_advantages", "row_chunks", "summary", "update_critic", "value_loss", "whiten",
 ]
 
 
@@ -76,6 +80,11 @@ class Config(LearnerConfig):
     """Normalise the advantages over the batch to mean 0, std 1."""
     loss_aggregation: Literal["token-mean", "sequence-sum"] = "token-mean"
     """Actor loss over response tokens: mean over the batch's tokens, or sum per response."""
+    kl_coef: float = 0.0
+    """Weight of the KL (k3 estimator) to the reference policy (the base with adapters disabled): with
+    --kl-in reward a penalty on the joint reward of the team's KL, the sum of every agent's response KL
+    (the KL of the joint policy, whose agents sample independently); with --kl-in loss a per-token term of
+    each actor's loss. 0 skips the reference forward (the reference code switches it on at 0.1)."""
     micro_batch_tokens: int = 2048
     """Token budget of one forward/backward of the actors' and the critic's updates (rows x columns
     per pass; at least one row): bounds activation memory, the same gradient up to rounding; 0 = none
@@ -91,6 +100,7 @@ class Config(LearnerConfig):
         check_ranges(self, {
             "critic_learning_rate": (self.critic_learning_rate > 0, "> 0"),
             "clip_value": (self.clip_value >= 0, ">= 0"),
+            "kl_coef": (self.kl_coef >= 0, ">= 0"),
         })
         check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
         if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
@@ -120,7 +130,8 @@ class Config(LearnerConfig):
             num_epochs=self.num_epochs, clip_eps=self.clip_eps, loss_aggregation=self.loss_aggregation,
             max_grad_norm=self.max_grad_norm, baseline="none", gamma=self.gamma,
             logprob_temperature=self.logprob_temperature, micro_batch_tokens=self.micro_batch_tokens,
-            agent_models=self.agent_models, agent_settings=self.agent_settings,
+            agent_models=self.agent_models, agent_settings=self.agent_settings, kl_coef=self.kl_coef,
+            kl_in=self.kl_in,
         )
 
 
@@ -136,6 +147,34 @@ def whiten(x: torch.Tensor, *, across_ranks: bool = False) -> torch.Tensor:
     if count <= 1:
         return x - mean
     return (x - mean) / max(math.sqrt(squares / (count - 1)), 1e-6)
+
+
+def returns_and_advantages(
+    rewards: torch.Tensor,
+    old_values: torch.Tensor,
+    config: Config,
+    kl: torch.Tensor | None = None,
+    *,
+    across_ranks: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic's targets and the actors' advantages: (N, turns) joint rewards, the critic's (N, turns)
+    old estimates and, with ``kl_in="reward"``, the team's (N, turns) response KL (summed over agents)
+    -> (returns, advantages). ``R = discounted(r - kl_coef * kl)``, ``A = R - V``, whitened over the batch
+    (of every process with ``across_ranks``) when ``whiten_advantages``.
+
+    >>> config = Config(gamma=0.5, kl_coef=0.1, whiten_advantages=False)
+    >>> returns, adv = returns_and_advantages(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, 0.0]]), config,
+    ...                                       torch.tensor([[2.0, 4.0]]))
+    >>> returns, adv  # rewards 0.8, 1.6 -> R_1 = 1.6, R_0 = 0.8 + 0.5 * 1.6
+    (tensor([[1.6000, 1.6000]]), tensor([[1.1000, 1.6000]]))
+    """
+    if kl is not None:
+        rewards = kl_penalized(rewards, kl, config.kl_coef)
+    returns = discounted_returns(rewards, config.gamma)  # (N, turns)
+    advantages = returns - old_values
+    if config.whiten_advantages:
+        advantages = whiten(advantages, across_ranks=across_ranks)
+    return returns, advantages
 
 
 def update_critic(
@@ -256,7 +295,16 @@ def main(config: Config) -> dict[str, Any]:
             # Joint returns (every agent gets the joint reward under the parallel protocol; the critic
             # estimates the first agent's, which is the joint one unless a task pays agents separately).
             rewards = torch.tensor(np.stack([turn.rewards[agents[0]] for turn in turns], 1), dtype=torch.float32)
-            returns = discounted_returns(rewards, config.gamma)  # (N, turns)
+            metrics = {}
+            team_kl = None
+            if config.kl_in == "reward" and config.kl_coef > 0:
+                # The team's KL: the agents sample independently, so the joint policy's KL is the sum.
+                team_kl = torch.zeros_like(rewards)
+                for agent in agents:
+                    kl = torch.stack([response_kl(policy, agent, turn.responses[agent], actor_config)
+                                      for turn in turns], 1)  # (N, turns)
+                    team_kl += kl
+                    metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
             inputs = [
                 critic_inputs(
                     turn.prompts,
@@ -267,11 +315,10 @@ def main(config: Config) -> dict[str, Any]:
                 for turn in turns
             ]
             old_values = old_critic_values(policy, inputs, config.micro_batch_tokens)  # (N, turns)
-            advantages = returns - old_values
-            if config.whiten_advantages:
-                advantages = whiten(advantages, across_ranks=run.info.distributed)
+            returns, advantages = returns_and_advantages(
+                rewards, old_values, config, team_kl, across_ranks=run.info.distributed
+            )
 
-            metrics = {}
             for agent in agents:
                 stats = update_agent(policy, optimizers[agent], agent, turns, advantages, actor_config)
                 metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
@@ -285,6 +332,7 @@ def main(config: Config) -> dict[str, Any]:
             metrics.update({
                 "losses/value_loss": critic_stats["value_loss"],
                 "losses/pg_loss": float(np.mean([metrics[f"agent_{a}/pg_loss"] for a in agents])),
+                **mean_over_agents(metrics, ("kl",), agents),
                 "agent_critic/grad_norm": critic_stats["grad_norm"],
                 "charts/critic_value": float(rows["old_values"].mean()),
                 "charts/critic_explained_variance": float(explained),

@@ -11,7 +11,9 @@ Paper: Liu, Chen, Liang, Lyu, Amato, "LLM Collaboration With Multi-Agent Reinfor
    (``mean`` | ``rloo`` | ``max`` | ``none``), optionally divided by the group's std.
 5. Each agent minimises -A * log pi(its own response) over its response tokens (token-mean or
    sequence-sum), with a clipped ratio when a batch is reused for several epochs and an optional
-   KL to the reference (the base model with adapters disabled).
+   KL to the reference (the base model with adapters disabled): a per-token k3 loss term
+   (``--kl-in loss``, the default) or, with ``--kl-in reward``, each agent's own response KL (k3
+   summed over its tokens) times ``kl_coef`` subtracted from its reward before step 3.
 
 Run it::
 
@@ -40,7 +42,15 @@ from baselines.config import LearnerConfig, check_choice, check_ints, check_rang
 from baselines.distributed import PLACEMENTS
 from baselines.metrics import reward_metrics
 from baselines.play import Turn, probe_env, rollout, team_env_kwargs
-from baselines.policy_gradient import Aggregation, Baseline, discounted_returns, group_advantages, update_agent
+from baselines.policy_gradient import (
+    Aggregation,
+    Baseline,
+    discounted_returns,
+    group_advantages,
+    kl_penalized,
+    response_kl,
+    update_agent,
+)
 from baselines.run import Run, mean_over_agents
 from llm_envs.core.vector import make_vec
 
@@ -90,7 +100,9 @@ class Config(LearnerConfig):
     num_epochs: int = 1
     """Updates per batch; above 1 the ratio to the sampling policy is clipped (PPO-style)."""
     kl_coef: float = 0.0
-    """Weight of the per-token KL (k3 estimator) to the reference policy; 0 skips the reference forward."""
+    """Weight of the KL (k3 estimator) to the reference policy, as a loss term or a reward penalty
+    (--kl-in); 0 skips the reference forward."""
+    kl_in: Literal["reward", "loss"] = "loss"
     micro_batch_size: int = 0
     """Responses per forward/backward in the update (gradient accumulation): the same gradient up to
     float rounding, with peak memory bounded by this many rows; 0 = all of a turn's rows at once."""
@@ -309,6 +321,12 @@ def main(config: Config) -> dict[str, float]:
                 for agent in agents:
                     # 2. Returns over turns, 3. group-relative advantages, 4. the agent's update.
                     rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
+                    if config.kl_in == "reward" and config.kl_coef > 0:
+                        # The joint reward is shared; the penalty is this agent's own responses' KL.
+                        kl = torch.stack([response_kl(policy, agent, turn.responses[agent], config)
+                                          for turn in turns], 1)  # (N, turns)
+                        rewards = kl_penalized(rewards, kl, config.kl_coef)
+                        metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
                     returns = discounted_returns(rewards, config.gamma)  # (N, turns)
                     adv = grouped_advantages(returns, b_local, config)  # (N, turns)
                     stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)

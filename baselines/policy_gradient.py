@@ -3,6 +3,12 @@ actors: returns over turns, group-relative advantages, the (clipped) policy-grad
 optional KL to the reference, and :func:`update_agent`, one agent's gradient steps on its sampled
 turns (micro-batched, summed over processes).
 
+The KL to the reference (the base model with adapters disabled) enters in one of two places
+(``kl_in``, baselines/config.py): as a loss term, :func:`kl_to_reference` per token inside
+:func:`update_agent`; or as a penalty on the reward, :func:`sequence_kl` (that estimator summed over
+each response) from :func:`response_kl`, subtracted by :func:`kl_penalized` before returns and
+advantages. Both use the k3 estimator ``exp(d) - d - 1``, ``d = log ref - log pi`` per token.
+
 >>> group_advantages(torch.tensor([[1.0, 2.0, 3.0, 6.0]]), "rloo")
 tensor([[-2.6667, -1.3333,  0.0000,  4.0000]])
 >>> discounted_returns(torch.tensor([[1.0, 2.0]]), 0.5)
@@ -109,9 +115,73 @@ def policy_gradient_loss(
 
 
 def kl_to_reference(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || ref): (N, T) -> (N, T), >= 0, exact in expectation."""
+    """Per-token k3 estimate of KL(pi || ref): (N, T) -> (N, T), ``exp(d) - d - 1`` with
+    ``d = log ref - log pi`` of the token sampled from pi; >= 0, unbiased (Schulman's "k3")."""
     delta = ref_logprobs - logprobs
     return torch.exp(delta) - delta - 1.0
+
+
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The KL of each sampled response to the reference: (N, T) log-probs of the sampled tokens under
+    the policy and under the reference, (N, T) response mask -> (N,), the per-token k3 estimate
+    (:func:`kl_to_reference`) summed over the response's tokens (pads contribute nothing). An unbiased,
+    never negative estimate of KL(pi(.|x) || ref(.|x)) over whole responses, which is what a penalty on a
+    response's reward needs (the preference learners' reference terms use it too).
+
+    >>> sequence_kl(torch.tensor([[-1.0, -2.0, -3.0]]), torch.tensor([[-1.0, -1.0, 0.0]]),
+    ...             torch.tensor([[1, 1, 0]]))  # tokens: 0, e - 2; the pad is ignored
+    tensor([0.7183])
+    """
+    if not logprobs.shape == ref_logprobs.shape == mask.shape or logprobs.dim() != 2:
+        raise ValueError(
+            f"logprobs, ref_logprobs and mask must be equal (N, T) tensors, got {tuple(logprobs.shape)}, "
+            f"{tuple(ref_logprobs.shape)} and {tuple(mask.shape)}"
+        )
+    per_token = kl_to_reference(logprobs.float(), ref_logprobs.float().to(logprobs.device))
+    return (per_token * mask.to(per_token.device, torch.float32)).sum(1)
+
+
+def kl_penalized(rewards: torch.Tensor, kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """Rewards with the KL penalty: (N, turns) rewards and (N, turns) each turn's response KL
+    (:func:`sequence_kl`) -> (N, turns) ``r - kl_coef * kl``, what returns and advantages are then
+    computed from.
+
+    >>> kl_penalized(torch.tensor([[1.0, 0.0]]), torch.tensor([[2.0, 0.5]]), 0.1)
+    tensor([[ 0.8000, -0.0500]])
+    """
+    return rewards - kl_coef * kl.to(rewards.dtype)
+
+
+def row_slices(gen: Any, config: Any) -> list[slice]:
+    """Row slices of one turn's ``Generation`` for the update's passes: at most ``micro_batch_size``
+    rows (0: all) and, with ``micro_batch_tokens``, at most that many tokens (rows x prompt and response
+    columns; at least one row). None for a turn without rows."""
+    n = len(gen.response_mask)
+    size = config.micro_batch_size or max(n, 1)
+    if config.micro_batch_tokens:
+        width = gen.prompt_ids.shape[1] + gen.response_ids.shape[1]
+        size = min(size, max(1, config.micro_batch_tokens // max(width, 1)))
+    return [slice(i, i + size) for i in range(0, n, size)]
+
+
+def reference_logprobs(policy: Any, agent: str, gen: Any, config: Any) -> torch.Tensor:
+    """(N, T) log-probs of ``agent``'s sampled responses ``gen`` under the reference (its base with
+    adapters disabled), at the agent's scoring temperature, in passes of :func:`row_slices`."""
+    if not len(gen.response_mask):
+        return gen.response_mask.float()
+    return torch.cat([
+        policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
+                            temperature=config.scoring_temperature(agent))
+        for c in row_slices(gen, config)
+    ])
+
+
+def response_kl(policy: Any, agent: str, gen: Any, config: Any) -> torch.Tensor:
+    """(N,) the KL of each of ``agent``'s sampled responses to the reference, :func:`sequence_kl` of the
+    sampling-time log-probs (``gen.logprobs``, at the scoring temperature) and the reference's (one
+    reference forward, :func:`reference_logprobs`); on the CPU, float32."""
+    ref = reference_logprobs(policy, agent, gen, config)
+    return sequence_kl(gen.logprobs.float().cpu(), ref.float().cpu(), gen.response_mask.cpu())
 
 
 def update_agent(
@@ -123,23 +193,17 @@ def update_agent(
     config: Any,
 ) -> dict[str, float]:
     """``num_epochs`` gradient steps of one agent on its responses of every turn. ``advantages`` is
-    (N, num_turns). One batched forward per turn and epoch; the reference forward only if kl_coef > 0.
+    (N, num_turns). One batched forward per turn and epoch; the reference forward and the per-token k3
+    KL term (weight ``kl_coef``) only with ``kl_in="loss"`` and ``kl_coef > 0`` (``kl_in="reward"``: the
+    KL is already in the advantages).
 
     With several processes each rank holds its share of the rows: losses are divided by the global
     token (or response) counts and gradients summed over ranks before clipping, which is the gradient
     of the one-process loss; the returned loss statistics are summed over ranks likewise."""
     spread = distributed.world_size() > 1
     masks = [turn.responses[agent].response_mask for turn in turns]
-
-    def rows_per_pass(gen: Any) -> int:
-        n = len(gen.response_mask)
-        size = config.micro_batch_size or max(n, 1)
-        if config.micro_batch_tokens:
-            width = gen.prompt_ids.shape[1] + gen.response_ids.shape[1]
-            size = min(size, max(1, config.micro_batch_tokens // max(width, 1)))
-        return size
-
-    chunked = any(rows_per_pass(turn.responses[agent]) < len(turn.responses[agent].response_mask) for turn in turns)
+    kl_loss = config.kl_in == "loss" and config.kl_coef > 0
+    chunked = any(len(row_slices(turn.responses[agent], config)) > 1 for turn in turns)
     tokens = denominators = None
     if spread or chunked:
         # Losses of the parts (ranks, micro-batches) are divided by the whole turn's counts, so they add
@@ -155,19 +219,7 @@ def update_agent(
             return masked_mean(values, mask)
         return (values * mask.to(values.dtype)).sum() / max(tokens[t], 1.0)
 
-    def chunks(gen: Any) -> list[slice]:
-        n, size = len(gen.response_mask), rows_per_pass(gen)
-        return [slice(i, i + size) for i in range(0, n, size)]  # none for a turn without rows
-
-    ref = []
-    if config.kl_coef > 0:
-        for turn in turns:
-            gen = turn.responses[agent]
-            ref.append(torch.cat([
-                policy.ref_logprobs(agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c],
-                                    gen.response_mask[c], temperature=config.scoring_temperature(agent))
-                for c in chunks(gen)
-            ]) if len(gen.response_mask) else gen.response_mask.float())
+    ref = [reference_logprobs(policy, agent, turn.responses[agent], config) for turn in turns] if kl_loss else []
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
@@ -177,7 +229,7 @@ def update_agent(
             gen = turn.responses[agent]
             denominator = None if denominators is None else denominators[t]
             turn_pg = turn_kl = turn_clip = 0.0
-            for c in chunks(gen):
+            for c in row_slices(gen, config):
                 logprobs = policy.logprobs(
                     agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
                     temperature=config.scoring_temperature(agent),
@@ -195,7 +247,7 @@ def update_agent(
                     logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
                 )
                 loss = pg
-                if config.kl_coef > 0:
+                if kl_loss:
                     kl = token_mean(kl_to_reference(logprobs, ref[t][c]), mask, t)
                     loss = loss + config.kl_coef * kl
                     turn_kl += float(kl.detach())
@@ -208,7 +260,7 @@ def update_agent(
                 total = total + loss.detach() / len(turns)
                 turn_pg += float(pg.detach())
             stats["pg_loss"].append(turn_pg)
-            if config.kl_coef > 0:
+            if kl_loss:
                 stats["kl"].append(turn_kl)
             if epoch > 0:
                 stats["clip_fraction"].append(turn_clip)

@@ -6,11 +6,13 @@ as in TRL's former ``PPOTrainer``), on single-agent and multi-agent envs. Docs: 
    by role), each agent sampling from its own LoRA adapter.
 2. Per agent and token: reward = -kl_coef * (log pi - log pi_ref) (the reference is the base model
    with adapters off, on the agent's own prompt); the env's reward is added on the last response token
-   (of each turn).
+   (of each turn). With ``--kl-in loss`` the rewards carry no KL and step 4 adds the per-token k3 KL
+   (``exp(d) - d - 1``, ``d = log pi_ref - log pi``) times the fixed ``init_kl_coef`` to the loss.
 3. Values from the agent's value head; GAE (gamma, lambda) gives advantages (whitened) and returns.
 4. ``num_ppo_epochs`` passes over shuffled minibatches: clipped policy loss + vf_coef * clipped
    value loss, one optimizer (adapter + value head) per agent.
-5. The KL coefficient adapts to the measured KL (target, horizon) or stays fixed.
+5. The KL coefficient adapts to the measured KL (target, horizon) or stays fixed (``--kl-in loss``:
+   fixed).
 
 Run it::
 
@@ -41,6 +43,7 @@ from baselines.experience import Experience, make_experience
 from baselines.kl_control import kl_controller
 from baselines.metrics import reward_metrics
 from baselines.play import RoleEnvs, check_shared_tokenizer, probe_env
+from baselines.policy_gradient import kl_to_reference
 from baselines.run import Run, mean_over_agents
 from baselines.tensors import masked_mean
 
@@ -80,9 +83,11 @@ class Config(LearnerConfig):
     """Repetition penalty while sampling (the CORY code: 1.1). It changes what is sampled, not the
     log-probs PPO uses, so above 1 rollouts are slightly off-policy."""
     init_kl_coef: float = 0.3
-    """Initial weight of the per-token KL penalty to the reference (the paper: 0.3)."""
+    """Initial weight of the per-token KL penalty to the reference (the paper: 0.3); with --kl-in loss the
+    fixed weight of the k3 KL term of the loss."""
     adaptive_kl: bool = True
-    """Adapt the KL weight towards kl_target (Ziegler et al.); else keep init_kl_coef."""
+    """Adapt the KL weight towards kl_target (Ziegler et al.); else keep init_kl_coef. The reward
+    penalty's only: with --kl-in loss pass --no-adaptive-kl."""
     kl_target: float = 6.0
     """Target KL (summed over a response, nats) of the adaptive controller."""
     kl_horizon: int = 10000
@@ -131,6 +136,11 @@ class Config(LearnerConfig):
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
         check_choice(self, "critic", ("per-agent", "central"))
+        if self.kl_in == "loss" and self.adaptive_kl:
+            raise ValueError(
+                "kl_in='loss' with adaptive_kl=True: the adaptive controller steers the reward penalty's "
+                "coefficient; the KL loss term uses init_kl_coef as a fixed weight, so pass --no-adaptive-kl"
+            )
 
     def check_processes(self, world_size: int) -> None:
         """Seeds per episode and at least one episode per process."""
@@ -218,10 +228,10 @@ def ppo_update(
     the minibatch's global token count, and the gradients are summed over ranks before clipping: the
     gradient of the one-process minibatch loss. The returned statistics are global."""
     spread = distributed.world_size() > 1
-    stats: dict[str, list[float]] = {
-        k: []
-        for k in ("policy_loss", "value_loss", "loss", "clip_fraction", "value_clip_fraction", "approx_kl", "grad_norm")
-    }
+    names = ["policy_loss", "value_loss", "loss", "clip_fraction", "value_clip_fraction", "approx_kl", "grad_norm"]
+    if config.kl_in == "loss":
+        names.append("kl_loss")
+    stats: dict[str, list[float]] = {k: [] for k in names}
     critic_params = [] if critic_optimizer is None else policy.parameters(CRITIC)
     params = policy.parameters(model, value_head=critic_optimizer is None)  # a central critic: no own head
     tokens = exp.response_mask.sum(1)  # (N,) per episode
@@ -236,6 +246,8 @@ def ppo_update(
             zero = torch.zeros(())
             values_out = dict.fromkeys(("policy_loss", "value_loss", "loss", "clip_fraction"), zero)
             values_out.update(value_clip_fraction=zero, approx_kl=zero)
+            if config.kl_in == "loss":
+                values_out["kl_loss"] = zero
         loss = values_out["loss"]
         # Every rank must see the same verdict, or the others would wait forever in the all-reduce.
         total = distributed.all_sum(float(loss.detach())) if spread else float(loss.detach())
@@ -275,7 +287,9 @@ def _minibatch_loss(
     policy: Any, model: str, exp: Experience, rows: torch.Tensor, config: Config, denominator: float | None
 ) -> dict[str, torch.Tensor]:
     """Clipped policy and value losses of one minibatch's ``rows`` (token means, or token sums over
-    ``denominator``) and their diagnostics; one forward per turn, on that turn's prompts."""
+    ``denominator``) and their diagnostics; one forward per turn, on that turn's prompts. With
+    ``kl_in="loss"``, plus ``init_kl_coef`` times the token mean of the k3 KL to the reference
+    (``kl_loss``; the reference's log-probs come from the rollout's scoring pass)."""
     temperature = config.scoring_temperature(model)
     outputs = []
     for k, gen in enumerate(exp.turns):
@@ -295,7 +309,7 @@ def _minibatch_loss(
     )
     with torch.no_grad():
         approx_kl = 0.5 * _token_mean((logprobs - exp.old_logprobs[rows]) ** 2, mask, denominator)
-    return {
+    out = {
         "policy_loss": pg_loss,
         "value_loss": vf_loss,
         "loss": pg_loss + config.vf_coef * vf_loss,
@@ -303,6 +317,11 @@ def _minibatch_loss(
         "value_clip_fraction": vf_clip_frac,
         "approx_kl": approx_kl,
     }
+    if config.kl_in == "loss":
+        kl_loss = _token_mean(kl_to_reference(logprobs, exp.ref_logprobs[rows]), mask, denominator)
+        out["kl_loss"] = kl_loss
+        out["loss"] = out["loss"] + config.init_kl_coef * kl_loss
+    return out
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -459,7 +478,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
                     central_context({r: turns[r][k][0] for r in roles}, roles, role, policy.pad_token_id)
                     for k in range(len(gens))
                 ] if critic else None
-                exp = make_experience(policy, model, gens, scores, controllers[model].value, config, contexts)
+                penalty = controllers[model].value if config.kl_in == "reward" else 0.0  # loss: in ppo_update
+                exp = make_experience(policy, model, gens, scores, penalty, config, contexts)
                 # 3. PPO epochs over shuffled minibatches; 4. the KL coefficient adapts.
                 stats = ppo_update(policy, optimizers[model], model, exp, config, optimizers.get(CRITIC))
                 task = float(np.mean(distributed.gather_rows(role_scores(returns, infos, role))))
@@ -469,7 +489,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             # 5. Log.
             step = iteration + 1
             metrics.update(reward_metrics(distributed.gather_rows(dict(infos[roles[0]]))))
-            metrics.update(mean_over_agents(metrics, ("policy_loss", "value_loss", "kl", "clip_fraction"), models))
+            metrics.update(mean_over_agents(metrics, ("policy_loss", "value_loss", "kl", "kl_loss", "clip_fraction"),
+                                            models))
             elapsed = time.perf_counter() - t0
             metrics.update({
                 "charts/iteration": step,

@@ -12,9 +12,10 @@ each scored by stepping its own copy of the node's env (the env decides rewards 
 transition, the next prompts: the learner never builds a prompt). Unless it is the last turn or the
 node's mean joint reward exceeds ``termination_threshold``, every joint action j branches into a
 child node (the stepped env copy) that samples G new responses per agent. Returns run leaves-up:
-``R_j = r_j + gamma * mean(R of child j)``, ``R_j = r_j`` at a leaf. Each agent's sample is credited
-with its joint return (aligned) or with the sum of the returns of the joint actions it takes part in
-(cross, as the reference does). Advantages are group-relative over
+``R_j = r_j + gamma * mean(R of child j)``, ``R_j = r_j`` at a leaf (with ``kl_in="reward"``, an agent's
+``r_j`` is less ``kl_coef`` times the KL of its own sample in joint action j, :func:`penalize_kl`). Each
+agent's sample is credited with its joint return (aligned) or with the sum of the returns of the joint
+actions it takes part in (cross, as the reference does). Advantages are group-relative over
 
 - ``agent-turn`` (AT-GRPO, arXiv 2510.11062; the reference's tree): one agent's G samples at one
   node, so a sample is only compared with candidates under the same history, or
@@ -334,6 +335,21 @@ def fill_returns(levels: Sequence[Level], gamma: float) -> None:
             }
 
 
+def penalize_kl(levels: Sequence[Level], agent: str, kls: Sequence[np.ndarray], kl_coef: float) -> None:
+    """``kl_in="reward"``: subtract ``kl_coef`` times the KL of ``agent``'s own sample (``kls``: one
+    (rows,) array per level, rows as the level's generation of ``agent``, :func:`sequence_kl
+    <baselines.policy_gradient.sequence_kl>`) from ``agent``'s reward of every joint action the sample
+    takes part in, before :func:`fill_returns`. In cross mode a sample in k joint actions is charged k
+    times, as it is credited with the k returns."""
+    for level, kl in zip(levels, kls):
+        kl = np.asarray(kl, dtype=np.float64)
+        for node in level.nodes:
+            index = list(node.rewards).index(agent)
+            size = node.sizes[index]
+            rows = [node.row * size + c[index] for c in node.combos]
+            node.rewards[agent] = node.rewards[agent] - kl_coef * kl[rows]
+
+
 def tree_advantages(
     levels: Sequence[Level],
     agent: str,
@@ -410,7 +426,7 @@ def train_step(
 
     from baselines import distributed
     from baselines.play import Turn
-    from baselines.policy_gradient import update_agent
+    from baselines.policy_gradient import response_kl, update_agent
 
     t0 = time.perf_counter()
     sampling = config.sampling_kwargs(list(template.possible_agents))
@@ -427,16 +443,25 @@ def train_step(
     )
     t_rollout = time.perf_counter() - t0
     fill_returns(levels, config.gamma)
-    grouping = config.resolved_grouping()
     agents = list(template.possible_agents)
+    roots = levels[0].nodes
+    root_returns = distributed.gather_rows(np.array([float(n.returns[agents[0]].mean()) for n in roots]))
+    metrics: dict[str, float] = {}
+    if config.kl_in == "reward" and config.kl_coef > 0:
+        # Each agent's own samples' KL comes off its rewards; then the returns again, penalties included.
+        for agent in agents:
+            kls = [response_kl(policy, agent, level.generations[agent], config).numpy() for level in levels]
+            penalize_kl(levels, agent, kls, config.kl_coef)
+            every = distributed.gather_rows(np.concatenate(kls))
+            metrics[f"agent_{agent}/kl"] = float(np.mean(every))
+        fill_returns(levels, config.gamma)
+    grouping = config.resolved_grouping()
     g = config.num_generations
     depth = int(distributed.gather_rows(np.array([len(levels)])).max())  # levels of the deepest tree anywhere
     turns = [Turn(prompts={}, responses=level.generations, rewards={}, infos={}) for level in levels]
     turns += [Turn(prompts={}, responses={a: _empty_generation(a, g) for a in agents}, rewards={}, infos={})
               for _ in range(depth - len(levels))]
     rows = max(t.responses[a].response_ids.shape[0] for t in turns for a in agents)
-    roots = levels[0].nodes
-    metrics: dict[str, float] = {}
     for agent in agents:
         per_level = tree_advantages(
             levels, agent, g, grouping=grouping, baseline=config.baseline, normalize_std=config.normalize_std
@@ -475,7 +500,6 @@ def train_step(
     ])
     metrics["charts/responses"], metrics["charts/joint_rewards"], metrics["charts/terminated_nodes"] = counts
     metrics["charts/reward_std"] = float(np.std(last["reward_total"]))
-    root_returns = distributed.gather_rows(np.array([float(n.returns[agents[0]].mean()) for n in roots]))
     metrics["charts/episode_return"] = float(np.mean(root_returns))
     metrics["charts/rollout_s"] = t_rollout
     return metrics

@@ -112,6 +112,7 @@ def test_shared_fields_have_one_docstring():
         ("threads", 0, "threads must be a positive int or None, got 0"),
         ("activation_budget_mb", -1.0, "activation_budget_mb must be >= 0 and finite, got -1.0"),
         ("activation_budget_mb", math.inf, "activation_budget_mb must be >= 0 and finite, got inf"),
+        ("kl_in", "both", "kl_in must be 'reward' or 'loss', got 'both'"),
     ],
 )
 def test_shared_checks_apply_to_every_learner(learner, field, value, message):
@@ -128,3 +129,12 @@ def test_env_kwargs_and_run_dir_are_shared():
     assert str(config.run_dir()) == "runs/ppo__sentiment_imdb-v0__s3"
     assert str(cory.Config().run_dir()) == "runs/cory__sentiment_imdb-cory-v0__s0"
     assert str(maac.Config(run_name="x", output_dir="out").run_dir()) == "out/x"
+
+
+def test_kl_in_keeps_each_learners_computation_by_default():
+    """One --kl-in, each learner's own default: MAGRPO's KL was a loss term, PPO's and CORY's a reward
+    penalty; MAAC had none (coefficient 0) and takes the reference code's form."""
+    assert magrpo.Config().kl_in == "loss" and magrpo.Config().kl_coef == 0.0
+    assert ppo.Config().kl_in == cory.Config().kl_in == maac.Config().kl_in == "reward"
+    assert maac.Config().kl_coef == 0.0
+    assert tyro.cli(maac.Config, args=["--kl-in", "loss", "--kl-coef", "0.1"]).kl_in == "loss"

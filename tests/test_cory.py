@@ -182,6 +182,25 @@ def test_smoke_run_swaps_roles_and_keeps_state(tiny_model_dir, tmp_path, monkeyp
     assert seen == [{"pioneer": "model_0", "observer": "model_1"}, {"pioneer": "model_1", "observer": "model_0"}]
 
 
+def test_kl_in_loss_trains_both_models(tiny_model_dir, tmp_path):
+    """--kl-in loss: each model's PPO loss carries the k3 KL term (fixed weight), its rewards no penalty."""
+    config = Config(model=tiny_model_dir, num_iterations=2, batch_size=4, minibatch_size=4, num_ppo_epochs=1,
+                    min_new_tokens=3, max_new_tokens=6, learning_rate=1e-2, lora_rank=4, lora_alpha=8.0, swap_every=1,
+                    kl_in="loss", adaptive_kl=False, init_kl_coef=0.3, num_eval_problems=0,
+                    output_dir=str(tmp_path), run_name="cory-kl-loss", checkpoint_every=0, tensorboard=False,
+                    progress=False)
+    cory.main(config)
+    rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "charts/iteration" in r]
+    assert [r["agent_model_0/role"] for r in rows] == [0.0, 1.0]
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values()), row
+        for model in MODELS:
+            assert row[f"agent_{model}/kl_loss"] >= 0 and row[f"agent_{model}/kl_coef"] == 0.3
+    for model in MODELS:
+        assert rows[1][f"agent_{model}/kl_loss"] > 0  # moved from the reference by the first update
+        assert any(t.abs().sum() > 0 for k, t in adapter_state(config.run_dir())[model].items() if "lora_B" in k)
+
+
 def test_cli_train_cory_then_eval(tiny_model_dir, tmp_path, capsys):
     args = [
         "train",

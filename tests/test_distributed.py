@@ -236,7 +236,8 @@ def training_rows(run_dir: Path) -> list[dict[str, float]]:
 def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     """2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards: 2 + 1),
     adapters identical on both ranks; a 2-process run paused after one iteration and resumed ends
-    the same. Both loss aggregations, the KL term and the clipped second epoch are exercised."""
+    the same. Both loss aggregations, the KL as a reward penalty (A) and as a loss term (B) and the clipped
+    second epoch are exercised."""
     from baselines import magrpo
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
@@ -246,8 +247,8 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     # gradient is near zero), enough to flip a sampled token in the next rollout.
     base = tiny_config(tiny_model_dir, tmp_path, num_problems=3, seed_per_problem=True, threads=1, dtype="float32",
                        share_prompts=False)
-    # A: token-mean, evaluation on rank 0 (before and after), straight through.
-    a = dataclasses.replace(base, run_name="a", num_eval_problems=1)
+    # A: token-mean, the KL as a reward penalty, evaluation on rank 0 (before and after), straight through.
+    a = dataclasses.replace(base, run_name="a", num_eval_problems=1, kl_in="reward", kl_coef=0.1)
     # B: sequence-sum with KL and two epochs; the 2-process run pauses after iteration 1 and resumes.
     b = dataclasses.replace(
         base, run_name="b", num_eval_problems=0, loss_aggregation="sequence-sum", kl_coef=0.1, num_epochs=2
@@ -453,7 +454,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     of the global rows, so most straddle the ranks; whitening, the value loss, the adaptive KL
     controller, rank-0 evaluation and a pause/resume after iteration 1 are all exercised. CORY (two
     models on the sequential pioneer -> observer env, roles swapped after iteration 1) likewise, with
-    per-model value heads and with the centralised critic."""
+    per-model value heads and with the centralised critic (there with the KL as a loss term)."""
     from test_ppo import tiny_ppo
 
     from baselines import cory, ppo
@@ -477,8 +478,10 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
             }
         ),
     }
-    # CORY with the centralised critic (--critic central): its gradients are summed over ranks too.
-    configs["cory_central"] = dataclasses.replace(configs["cory"], run_name="cory_central", critic="central")
+    # CORY with the centralised critic (--critic central): its gradients are summed over ranks too; the KL
+    # term of the loss is a token sum over the minibatch's global count, like the clipped losses.
+    configs["cory_central"] = dataclasses.replace(configs["cory"], run_name="cory_central", critic="central",
+                                                  kl_in="loss", adaptive_kl=False)
     spec = tmp_path / "spec.json"
     spec.write_text(
         json.dumps(
@@ -544,15 +547,16 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     """MAAC on 2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards:
     2 + 1), 2 turns, two epochs: actors, critic adapter and value head identical on both ranks and
     equal to the one-process run to 1e-4; advantages are whitened over the whole batch and the
-    critic's value loss is a mean over every rank's rows. The 2-process run pauses after iteration 1
-    and resumes; rank 0 evaluates."""
+    critic's value loss is a mean over every rank's rows; the team's KL comes off the rewards. The
+    2-process run pauses after iteration 1 and resumes; rank 0 evaluates."""
     from test_maac import tiny_maac
 
     from baselines import maac
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     config = tiny_maac(tiny_model_dir, tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
-                       dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3)
+                       dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3,
+                       kl_in="reward", kl_coef=0.1)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "maac", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
@@ -619,8 +623,8 @@ def parity_reward(monkeypatch=None) -> None:
 def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch):
     """MAGRPO tree rollouts (sequential protocol, 2 turns, early termination) on 2 gloo processes x 2
     iterations == 1 process over the same 3 problems: every node samples from its own seeds, a rank
-    whose trees all stopped at the root updates over an empty second level, metrics cover both ranks.
-    The 2-process run pauses after iteration 1 and resumes."""
+    whose trees all stopped at the root updates over an empty second level, metrics cover both ranks;
+    each agent's KL comes off its rewards. The 2-process run pauses after iteration 1 and resumes."""
     from baselines import magrpo
 
     parity_reward(monkeypatch)
@@ -632,7 +636,7 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
     config = tiny_config(tiny_model_dir, tmp_path, num_problems=3, rollout="tree", num_turns=2,
                          protocol="sequential", termination_threshold=5.0, baseline="mean", seed_per_problem=True,
                          threads=1, dtype="float32", run_name="tree", num_eval_problems=1, learning_rate=1e-3, seed=4,
-                         top_k=10)
+                         top_k=10, kl_in="reward", kl_coef=0.1)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "tree", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()

@@ -22,7 +22,14 @@ from baselines import magrpo
 from baselines.checkpoints import CheckpointError, find_checkpoint
 from baselines.magrpo import Config
 from baselines.metrics import read_metrics
-from baselines.policy_gradient import discounted_returns, group_advantages, kl_to_reference, policy_gradient_loss
+from baselines.policy_gradient import (
+    discounted_returns,
+    group_advantages,
+    kl_penalized,
+    kl_to_reference,
+    policy_gradient_loss,
+    sequence_kl,
+)
 from baselines.tensors import masked_mean, strip_left_padding
 
 # ----------------------------------------------------------------------------------------- math
@@ -122,9 +129,48 @@ def test_masked_mean_kl_and_strip():
         strip_left_padding(ids, np.zeros_like(mask))
 
 
+def test_sequence_kl_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, 0.0]])
+    ref = torch.tensor([[-1.0, -1.0, -9.0], [-1.0, -0.5, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    # d = log ref - log pi, k3 = exp(d) - d - 1 per token, summed over the unmasked tokens:
+    # row 0: d = 0 -> 0, d = 1 -> e - 2 (the pad's d = -6 would add 5.0025); row 1: d = -0.5 -> e^-0.5 - 0.5,
+    # d = 0.5 -> e^0.5 - 1.5.
+    expected = [math.e - 2.0, math.exp(-0.5) - 0.5 + math.exp(0.5) - 1.5]
+    torch.testing.assert_close(sequence_kl(logprobs, ref, mask), torch.tensor(expected))
+    assert expected[1] == pytest.approx(0.2552519, abs=1e-7)
+    # Equal log-probs: no KL, whatever the tokens.
+    torch.testing.assert_close(sequence_kl(logprobs, logprobs, mask), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"equal \(N, T\)"):
+        sequence_kl(logprobs, ref[:, :2], mask)
+
+
+def test_reward_penalty_comes_off_each_agents_reward_before_the_group_baseline():
+    """One problem, G = 2, two turns, gamma 0.5, kl_coef 0.5: both agents get the same joint rewards, each
+    pays for its own responses' KL, so their advantages differ."""
+    config = Config(num_problems=1, num_generations=2, baseline="mean", gamma=0.5, kl_coef=0.5, kl_in="reward",
+                    num_turns=2)
+    joint = torch.tensor([[1.0, 2.0], [0.0, 2.0]])  # (N = G = 2, turns)
+    kl_a = torch.tensor([[2.0, 0.0], [0.0, 4.0]])  # agent a's response KL per turn
+    kl_b = torch.zeros(2, 2)  # agent b sampled what the reference would
+    penalized = kl_penalized(joint, kl_a, config.kl_coef)
+    torch.testing.assert_close(penalized, torch.tensor([[0.0, 2.0], [0.0, 0.0]]))
+    # Returns: row 0: R_1 = 2, R_0 = 0 + 0.5 * 2 = 1; row 1: 0, 0. Turn groups: [1, 0] -> [0.5, -0.5];
+    # [2, 0] -> [1, -1].
+    returns = discounted_returns(penalized, config.gamma)
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 2.0], [0.0, 0.0]]))
+    adv_a = magrpo.grouped_advantages(returns, 1, config)
+    torch.testing.assert_close(adv_a, torch.tensor([[0.5, 1.0], [-0.5, -1.0]]))
+    # Agent b: returns [[2, 2], [1, 2]] -> turn 0 [0.5, -0.5], turn 1 [0, 0].
+    adv_b = magrpo.grouped_advantages(discounted_returns(kl_penalized(joint, kl_b, 0.5), 0.5), 1, config)
+    torch.testing.assert_close(adv_b, torch.tensor([[0.5, 0.0], [-0.5, 0.0]]))
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
+        ("kl_in", "returns", "kl_in must be 'reward' or 'loss', got 'returns'"),
+        ("kl_coef", -0.1, "kl_coef must be >= 0, got -0.1"),
         ("num_generations", 1, "num_generations=1"),
         ("baseline", "median", "'median'"),
         ("top_p", 1.5, "1.5"),
@@ -199,10 +245,12 @@ def test_smoke_two_iterations(tiny_model_dir, tmp_path, varied_writing_reward):
     assert list((run_dir / "tb").glob("events.*")) and (run_dir / "learning_curves.png").is_file()
 
 
-def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):
-    straight = tiny_config(tiny_model_dir, tmp_path, run_name="straight", num_epochs=2, kl_coef=0.1)
+@pytest.mark.parametrize("kl_in", ["loss", "reward"])
+def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path, kl_in):
+    kl = dict(num_epochs=2, kl_coef=0.1, kl_in=kl_in)
+    straight = tiny_config(tiny_model_dir, tmp_path, run_name="straight", **kl)
     magrpo.main(straight)
-    first = tiny_config(tiny_model_dir, tmp_path, run_name="split", num_epochs=2, kl_coef=0.1, num_iterations=1)
+    first = tiny_config(tiny_model_dir, tmp_path, run_name="split", num_iterations=1, **kl)
     magrpo.main(first)
     magrpo.main(dataclasses.replace(first, num_iterations=2, resume=True))
     a, b = adapter_state(straight.run_dir()), adapter_state(first.run_dir())
@@ -218,6 +266,44 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):
     # Both end with the same final evaluation (the split run also evaluated at its pause, step 1).
     last = [read_metrics(c.run_dir() / "metrics.jsonl")[-1] for c in (straight, first)]
     assert last[0] == last[1] and "eval/total" in last[0]
+
+
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_kl_in_reward_and_loss_train_and_log_the_kl(tiny_model_dir, tmp_path, varied_writing_reward, kl_in):
+    config = tiny_config(tiny_model_dir, tmp_path, num_eval_problems=0, kl_coef=0.1, kl_in=kl_in)
+    result = magrpo.main(config)
+    numbers = {k: v for k, v in result.items() if isinstance(v, float)}
+    assert all(math.isfinite(v) for v in numbers.values()), numbers
+    rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "losses/kl" in r]
+    assert len(rows) == 2
+    for agent in ("brief", "detailed"):
+        # reward: k3 summed over a response; loss: its mean over tokens. The first iteration samples from
+        # the reference itself (LoRA B = 0): ~0 up to rounding (measured: < 5e-7); after one update the
+        # policy has moved (measured: 6e-5 to 1e-3).
+        assert 0.0 <= rows[0][f"agent_{agent}/kl"] < 1e-5
+        assert rows[1][f"agent_{agent}/kl"] > 2e-5
+    for agent, state in adapter_state(config.run_dir()).items():
+        assert sum(float(v.abs().sum()) for k, v in state.items() if "lora_B" in k) > 0, agent
+
+
+def test_kl_in_reward_with_coefficient_zero_is_the_run_without_kl(tiny_model_dir, tmp_path, monkeypatch):
+    """kl_coef 0 never calls the reference, in either form, and both compute the same update."""
+    from agents import MultiAgentPolicy
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the reference forward ran with kl_coef=0")
+
+    monkeypatch.setattr(MultiAgentPolicy, "ref_logprobs", no_reference)
+    common = dict(num_iterations=1, num_eval_problems=0, kl_coef=0.0)
+    runs = {}
+    for kl_in in ("loss", "reward"):
+        config = tiny_config(tiny_model_dir, tmp_path, run_name=kl_in, kl_in=kl_in, **common)
+        result = magrpo.main(config)
+        assert "losses/kl" not in result
+        runs[kl_in] = adapter_state(config.run_dir())
+    for agent in runs["loss"]:
+        for key, value in runs["loss"][agent].items():
+            assert torch.equal(runs["reward"][agent][key], value), (agent, key)
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "sequence-sum"])

@@ -135,11 +135,47 @@ def test_kl_controllers_compound_and_fixed():
         ("num_ppo_epochs", 0, "got 0"),
         ("kl_target", -1.0, "-1.0"),
         ("vf_coef", float("nan"), "nan"),
+        ("kl_in", "value", "kl_in must be 'reward' or 'loss', got 'value'"),
+        ("kl_in", "loss", "kl_in='loss' with adaptive_kl=True"),  # the loss term's weight is fixed
     ],
 )
 def test_config_rejects_bad_values(field, value, message):
     with pytest.raises(ValueError, match=message):
         Config(**{field: value})
+
+
+class FixedPolicy:
+    """``forward`` returns fixed log-probs and values (one turn, every row)."""
+
+    def __init__(self, logprobs: torch.Tensor, values: torch.Tensor) -> None:
+        self.out = (logprobs, values)
+
+    def forward(self, model, prompt_ids, prompt_mask, response_ids, response_mask, with_values, temperature):
+        return self.out
+
+
+@pytest.mark.parametrize("kl_in", ["reward", "loss"])
+def test_kl_loss_term_by_hand(kl_in):
+    """One response of two tokens (and a pad). The policy has not moved (ratio 1) and the values equal the
+    returns, so the clipped losses are -mean(A) = 0 and 0; log ref - log pi = 0 and 1 on the two tokens:
+    k3 = 0 and e - 2, token mean (e - 2) / 2, weighted by init_kl_coef 0.3 in the loss form only."""
+    from agents.generation import Generation
+    from baselines.experience import Experience
+
+    logprobs, ref = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.0, -1.0, -5.0]])
+    values, mask = torch.tensor([[0.5, 0.2, 0.0]]), torch.tensor([[1, 1, 0]])
+    gen = Generation("agent", 1, torch.ones(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long),
+                     torch.ones(1, 3, dtype=torch.long), mask, logprobs)
+    exp = Experience([gen], mask, logprobs, values, torch.tensor([[1.0, -1.0, 0.0]]), values, logprobs - ref,
+                     torch.ones(1, 1), ref_logprobs=ref)
+    config = Config(kl_in=kl_in, adaptive_kl=False, init_kl_coef=0.3)
+    out = ppo._minibatch_loss(FixedPolicy(logprobs, values), "agent", exp, torch.arange(1), config, None)
+    assert out["policy_loss"].item() == pytest.approx(0.0) and out["value_loss"].item() == pytest.approx(0.0)
+    if kl_in == "loss":
+        assert out["kl_loss"].item() == pytest.approx((math.e - 2.0) / 2)
+        assert out["loss"].item() == pytest.approx(0.3 * (math.e - 2.0) / 2)
+    else:
+        assert "kl_loss" not in out and out["loss"].item() == pytest.approx(0.0)
 
 
 def test_sequential_vector_env_contract():
@@ -211,6 +247,31 @@ def test_smoke_weights_change_and_metrics_finite(tiny_model_dir, tmp_path, env, 
         # LoRA B starts at 0: any non-zero entry means the adapter was trained; value heads moved too.
         assert any(t.abs().sum() > 0 for k, t in adapters[agent].items() if "lora_B" in k)
     assert "eval/total" in result and "eval_before/total" in result
+
+
+def test_kl_in_loss_trains_without_the_reward_penalty(tiny_model_dir, tmp_path, monkeypatch):
+    penalties = []
+    real = ppo.make_experience
+
+    def recording(policy, model, turns, scores, kl_coef, *args, **kwargs):
+        penalties.append(kl_coef)
+        return real(policy, model, turns, scores, kl_coef, *args, **kwargs)
+
+    monkeypatch.setattr(ppo, "make_experience", recording)
+    config = tiny_ppo(tiny_model_dir, tmp_path, kl_in="loss", adaptive_kl=False, init_kl_coef=0.3,
+                      num_eval_problems=0)
+    ppo.main(config)
+    assert penalties == [0.0, 0.0]  # no KL in the rewards: it is a term of the loss
+    rows = [r for r in read_metrics(config.run_dir() / "metrics.jsonl") if "charts/iteration" in r]
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values()), row
+        # The loss is the mean over minibatches of policy + vf_coef * value + init_kl_coef * kl_loss.
+        expected = (row["agent_agent/policy_loss"] + config.vf_coef * row["agent_agent/value_loss"]
+                    + 0.3 * row["agent_agent/kl_loss"])
+        assert row["agent_agent/loss"] == pytest.approx(expected, rel=1e-5, abs=1e-7)
+        assert row["agent_agent/kl_coef"] == 0.3 and "losses/kl_loss" in row and "agent_agent/kl" in row
+    assert rows[1]["agent_agent/kl_loss"] > 0  # the second iteration's policy has moved from the reference
+    assert any(t.abs().sum() > 0 for k, t in adapter_state(config.run_dir())["agent"].items() if "lora_B" in k)
 
 
 def test_resume_matches_uninterrupted_run(tiny_model_dir, tmp_path):

@@ -19,6 +19,7 @@ from baselines.tree import (
     fill_returns,
     joint_indices,
     node_returns,
+    penalize_kl,
     prefix_seed,
     rollout_tree,
     sample_credit,
@@ -152,6 +153,29 @@ def test_two_agent_two_turn_tree_by_hand(tokenizer):
     torch.testing.assert_close(adv[1], torch.tensor([0.0, 2.0, -2.0, 0.0]))
     # The children's prompts hold their parent's joint action (the env's feedback path).
     assert "x000" in a.env.text("x") and "x001" in b.env.text("x")
+
+
+def test_kl_penalty_comes_off_each_agents_own_rewards_before_the_returns(tokenizer):
+    _, levels = expand(tokenizer, TABLE, num_turns=2)
+    # x's KL: root samples [1, 0]; turn-1 rows (node A: 0, 1; node B: 2, 3) [0, 2, 0, 0]; y's: none.
+    penalize_kl(levels, "x", [np.array([1.0, 0.0]), np.array([0.0, 2.0, 0.0, 0.0])], 0.5)
+    fill_returns(levels, 0.5)
+    root, (a, b) = levels[0].nodes[0], levels[1].nodes
+    np.testing.assert_allclose(root.rewards["x"], [0.5, 3.0])
+    np.testing.assert_allclose(a.rewards["x"], [2.0, 3.0])
+    np.testing.assert_allclose(b.rewards["x"], [0.0, 2.0])
+    np.testing.assert_allclose(a.rewards["y"], [2.0, 4.0])  # y pays nothing
+    # R_0 = 0.5 + 0.5 * mean(2, 3) = 1.75, R_1 = 3 + 0.5 * mean(0, 2) = 3.5; y's as without a penalty.
+    np.testing.assert_allclose(root.returns["x"], [1.75, 3.5])
+    np.testing.assert_allclose(root.returns["y"], [2.5, 3.5])
+    torch.testing.assert_close(tree_advantages(levels, "x", 2)[0], torch.tensor([-0.875, 0.875]))
+    np.testing.assert_allclose(root.totals, [1.0, 3.0])  # the task's reward (termination, metrics) stays
+    # Cross: x's sample 0 takes part in joint actions (0, 0) and (0, 1), and pays in both.
+    _, levels = expand(tokenizer, CROSS, num_turns=1, mode="cross")
+    penalize_kl(levels, "x", [np.array([1.0, 0.0])], 1.0)
+    fill_returns(levels, 0.5)
+    np.testing.assert_allclose(levels[0].nodes[0].rewards["x"], [0.0, 1.0, 3.0, 10.0])
+    torch.testing.assert_close(tree_advantages(levels, "x", 2)[0], torch.tensor([-6.0, 6.0]))  # credit 1, 13
 
 
 def test_cross_mode_credit_on_a_2x2_table(tokenizer):
@@ -374,9 +398,9 @@ def test_config_rejects_bad_tree_settings(overrides, message):
     [
         dict(rollout="tree", num_turns=2, termination_threshold=10.0, transition="plain"),
         dict(rollout="tree", num_turns=2, joint_mode="cross", grouping="problem-turn", transition="expert"),
-        dict(rollout="tree", num_turns=2, joint_mode="cross", protocol="sequential"),
+        dict(rollout="tree", num_turns=2, joint_mode="cross", protocol="sequential", kl_in="reward", kl_coef=0.1),
     ],
-    ids=["tree-plain", "cross-tree-expert", "sequential-cross-tree"],
+    ids=["tree-plain", "cross-tree-expert", "sequential-cross-tree-kl-reward"],
 )
 def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides):
     import math
@@ -403,3 +427,4 @@ def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides)
     assert rows[0]["charts/turn_1_nodes"] == (4.0 if cross else 2.0)
     for agent, state in adapter_state(config.run_dir()).items():
         assert sum(float(v.abs().sum()) for k, v in state.items() if "lora_B" in k) > 0, agent
+        assert (f"agent_{agent}/kl" in result) == (config.kl_coef > 0)
