@@ -268,7 +268,9 @@ def load_checkpoint(
             f"checkpoint {str(directory)!r} was written by {trainer.get('learner')!r}, not {learner!r}"
         )
     ours, theirs = config_dict(config), trainer.get("config", {})
-    skip = set(ignore)
+    # A setting added after the checkpoint was written counts as unchanged at its default (the default is
+    # what the code computed before the setting existed).
+    skip = set(ignore) | {k for k, v in field_defaults(config).items() if k not in theirs and ours.get(k) == v}
     diff = {
         k: (theirs.get(k, "<missing>"), ours[k])
         for k in ours
@@ -313,6 +315,20 @@ def load_checkpoint(
         rng,
     )
     return trainer
+
+
+def field_defaults(config: Any) -> dict[str, Any]:
+    """The defaults of a dataclass config's fields (those with one).
+
+    >>> from baselines.magrpo import Config
+    >>> field_defaults(Config())["kl_in"]
+    'loss'
+    """
+    import dataclasses
+
+    if not dataclasses.is_dataclass(config):
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
 
 
 def resume_candidates(run_dir: str | os.PathLike[str]) -> list[Path]:

@@ -366,14 +366,13 @@ def candidate_kl(policy: Any, cands: Candidates, temperature_of: Any) -> np.ndar
     """(rows,) the summed per-agent sequence KL to the reference of every joint candidate, k3 per token
     (exp(d) - d - 1, d = log ref - log pi) from the sampling-time log-probs, summed over each agent's
     response tokens and over agents."""
-    from baselines.policy_gradient import kl_to_reference
+    from baselines.policy_gradient import sequence_kl
 
     total = np.zeros(len(cands.rewards))
     for agent, g in cands.gens.items():
         ref = policy.ref_logprobs(agent, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask,
                                   temperature=temperature_of(agent))
-        kl = (kl_to_reference(g.logprobs.float().to(ref.device), ref) * g.response_mask.to(ref.device)).sum(1)
-        total += kl.double().cpu().numpy()
+        total += sequence_kl(g.logprobs.to(ref.device), ref, g.response_mask.to(ref.device)).double().cpu().numpy()
     return total
 
 

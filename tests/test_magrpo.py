@@ -453,3 +453,18 @@ def test_eval_pass_at_k_per_role_on_cory_components():
     info = {"reward_correct_pioneer": [1, 0], "reward_correct_observer": [1, 1]}
     assert pass_metrics(info, ["correct_pioneer", "correct_observer"], 1, 2, [1]) == {
         "eval/pass@1_pioneer": 0.5, "eval/pass@1_observer": 1.0}
+
+
+def test_checkpoint_of_an_older_version_resumes_when_new_settings_are_at_their_defaults(tiny_model_dir, tmp_path):
+    """A checkpoint written before a setting existed (no ``kl_in`` in its config) resumes while the run
+    keeps that setting at its default (what the old code computed), and is refused otherwise."""
+    config = tiny_config(tiny_model_dir, tmp_path, num_iterations=1, num_eval_problems=0)
+    magrpo.main(config)
+    trainer_path = find_checkpoint(config.run_dir()) / "trainer.json"
+    trainer = json.loads(trainer_path.read_text())
+    del trainer["config"]["kl_in"]
+    trainer_path.write_text(json.dumps(trainer))
+    resume = dataclasses.replace(config, num_iterations=2, resume=True)
+    with pytest.raises(CheckpointError, match=r"kl_in: checkpoint '<missing>', now 'reward'"):
+        magrpo.main(dataclasses.replace(resume, kl_in="reward"))
+    assert magrpo.main(resume)["charts/iteration"] == 2
