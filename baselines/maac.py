@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -233,7 +234,7 @@ def old_critic_values(policy: Any, inputs: list[tuple[torch.Tensor, torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------- main
-def main(config: Config) -> dict[str, Any]:
+def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """Train MAAC; returns the last iteration's metrics plus ``eval_before/*`` and ``eval/*``.
 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its share of each
@@ -273,6 +274,8 @@ def main(config: Config) -> dict[str, Any]:
     check_shared_tokenizer(policy, [*agents, CRITIC], "has a central critic reading every agent's token ids")
     env_kwargs = team_env_kwargs(env_kwargs, policy, agents)
     venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens, **env_kwargs)
+    if reward_wrapper is not None:  # MARLHF: the training envs' rewards are a learned model's (eval: the task's)
+        venv = reward_wrapper(venv)
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     optimizers[CRITIC] = policy.optimizer(CRITIC, lr=config.critic_learning_rate)

@@ -21,11 +21,12 @@ Run it::
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ from baselines.madpo import (
 from baselines.metrics import reward_metrics
 from baselines.play import Turn, check_shared_tokenizer
 from baselines.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
-from baselines.preference import Candidates, Pair, bradley_terry_loss, candidate_kl
+from baselines.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
 from baselines.run import Run, mean_over_agents
 
 LEARNER = "marlhf"
@@ -66,9 +67,14 @@ class Config(PreferenceConfig):
     """Pairs per reward-model step."""
     rm_holdout: float = 0.2
     """Offline: the fraction of pairs held out from the reward model's training to measure its accuracy."""
-    rl_learner: str = "magrpo"
+    rl_learner: Literal["magrpo", "ppo", "maac"] = "magrpo"
     """The RL stage on the learned reward: ``magrpo`` (group-relative advantages over each prompt's
-    ``num_candidates`` joint samples)."""
+    ``num_candidates`` joint samples; offline or iterative), or, offline only, ``ppo`` (independent PPO
+    per agent) or ``maac`` (actors and a centralised critic), each with its own defaults for its own
+    settings, in ``<run>/rl`` (docs/marlhf.md)."""
+    rl_args: tuple[str, ...] = ()
+    """``field=value`` entries for the PPO or MAAC stage's own settings (``batch_size=8
+    num_ppo_epochs=2``; ``llm-envs train ppo --help`` lists them); shared settings come from this run."""
     baseline: Baseline = "mean"
     """MAGRPO's group baseline of the RL stage (mean, rloo, max, none)."""
     normalize_std: bool = True
@@ -89,7 +95,12 @@ class Config(PreferenceConfig):
                           "micro_batch_tokens": 0})
         check_ranges(self, {"rm_learning_rate": (self.rm_learning_rate > 0, "> 0"),
                             "rm_holdout": (0 <= self.rm_holdout < 1, "in [0, 1)")})
-        check_choice(self, "rl_learner", ("magrpo",))
+        check_choice(self, "rl_learner", ("magrpo", "ppo", "maac"))
+        if self.rl_args and self.rl_learner == "magrpo":
+            raise ValueError("rl_args sets a PPO or MAAC stage's own settings; MAGRPO's are this run's flags")
+        if self.iterative and self.rl_learner != "magrpo":
+            raise ValueError(f"rl_learner={self.rl_learner!r} runs after the reward model is trained (offline); "
+                             "--iterative retrains it every iteration inside MAGRPO's loop: use rl_learner='magrpo'")
         check_choice(self, "baseline", ("mean", "rloo", "max", "none"))
         check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
 
@@ -184,9 +195,180 @@ def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch
     return torch.cat(out).double().cpu().numpy()
 
 
+# ----------------------------------------------------------------------------------------- learned rewards
+def response_tokens(actions: np.ndarray, pad_id: int, eos_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Env actions (N, L) padded with ``pad_id`` -> the response tokens as the policy sampled them
+    (ids, mask): everything before the padding, and the first pad too when the pad id is an EOS id (the
+    sampled EOS), as ``agents.Generation.response_mask`` marks them.
+
+    >>> response_tokens(np.array([[5, 2, 2], [5, 6, 7]]), pad_id=2, eos_ids=[2])[1].tolist()
+    [[1, 1, 0], [1, 1, 1]]
+    """
+    ids = torch.as_tensor(np.asarray(actions), dtype=torch.long)
+    pad = ids == pad_id
+    first = torch.where(pad.any(1), pad.float().argmax(1), torch.full((len(ids),), ids.shape[1]))
+    keep = first + (1 if pad_id in eos_ids else 0)
+    mask = (torch.arange(ids.shape[1])[None, :] < keep[:, None]).long()
+    return ids, mask
+
+
+class LearnedRewardVec:
+    """A vector env whose rewards are a reward model's: every step's rewards of the rows that were still
+    playing are replaced by ``scorer(prompts, responses)`` ((N,) from each agent's prompt and response,
+    as the reward model reads them); observations, infos (the task's ``reward_*`` components) and
+    everything else are the wrapped env's. What PPO and MAAC train on in MARLHF."""
+
+    def __init__(self, venv: Any, scorer: Any, pad_ids: Mapping[str, int], eos_ids: Mapping[str, Sequence[int]]):
+        self.venv, self.scorer, self.pad_ids, self.eos_ids = venv, scorer, dict(pad_ids), dict(eos_ids)
+        self._obs: dict[str, Any] | None = None
+        self._done = np.zeros(venv.num_envs, dtype=bool)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.venv, name)
+
+    def reset(self, *args: Any, **kwargs: Any) -> tuple[dict, dict]:
+        obs, infos = self.venv.reset(*args, **kwargs)
+        self._obs, self._done = obs, np.zeros(self.venv.num_envs, dtype=bool)
+        return obs, infos
+
+    def _ids(self, agent: str, actions: Any) -> np.ndarray:
+        """Token-id actions as they are; text actions (a list of str) encoded with the agent's tokenizer."""
+        if len(actions) and isinstance(actions[0], str):
+            tok = self.venv.tokenizer_of(agent)
+            rows = [tok.encode(t, add_special_tokens=False) for t in actions]
+            out = np.full((len(rows), max(1, max(map(len, rows)))), self.pad_ids[agent], dtype=np.int64)
+            for i, r in enumerate(rows):
+                out[i, : len(r)] = r
+            return out
+        return np.asarray(actions)
+
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        from baselines.tensors import strip_left_padding
+
+        before, playing = self._obs, ~self._done
+        obs, rewards, terms, truncs, infos = self.venv.step(actions)
+        if before is None:
+            raise RuntimeError("step before reset")
+        acting = [a for a in actions if a in before]
+        prompts = {a: tuple(torch.as_tensor(x) for x in strip_left_padding(before[a]["observation"],
+                                                                           before[a]["attention_mask"]))
+                   for a in acting}
+        responses = {a: response_tokens(self._ids(a, actions[a]), self.pad_ids[a], self.eos_ids[a]) for a in acting}
+        learned = np.asarray(self.scorer(prompts, responses), dtype=np.float64)
+        for a in rewards:
+            rewards[a] = np.where(playing, learned, rewards[a])
+        self._obs = obs
+        self._done = self._done | np.asarray(terms[acting[0]]) | np.asarray(truncs[acting[0]])
+        return obs, rewards, terms, truncs, infos
+
+
+def rl_config(config: Config) -> Any:
+    """The PPO or MAAC settings of the RL stage: every shared setting of ``config`` (env, model, team,
+    sampling, LoRA, learning rate, evaluation, hardware, checkpoints) and the learner's own defaults, in
+    ``<run>/rl``. The KL settings stay the learner's own (PPO's adaptive controller, MAAC's none)."""
+    import importlib
+
+    from baselines.config import LearnerConfig
+
+    learner = importlib.import_module(f"baselines.{config.rl_learner}")
+    shared = {f.name for f in dataclasses.fields(LearnerConfig)} - {"kl_in", "output_dir", "run_name"}
+    own = {f.name for f in dataclasses.fields(learner.Config)}
+    values = {k: getattr(config, k) for k in shared & own}
+    defaults = {f.name: f.default for f in dataclasses.fields(learner.Config)}
+    for entry in config.rl_args:
+        name, eq, text = str(entry).partition("=")
+        if not eq or name not in own or name in shared:
+            valid = ", ".join(sorted(own - shared - {"kl_in"}))
+            raise ValueError(f"rl_args entry {entry!r}: name one of {config.rl_learner}'s own settings as field=value "
+                             f"({valid})")
+        kind = type(defaults.get(name))
+        try:
+            if kind is bool:
+                value: Any = text.lower() in ("1", "true", "yes")
+            else:
+                value = kind(text) if kind in (int, float) else text
+        except ValueError:
+            wanted = "an int" if kind is int else "a number"
+            raise ValueError(f"rl_args: {name} must be {wanted}, got {text!r}") from None
+        values[name] = value
+    return learner, learner.Config(**values, output_dir=str(config.run_dir()), run_name="rl")
+
+
+def two_stage(config: Config) -> dict[str, Any]:
+    """Offline MARLHF with PPO or MAAC: the pairs and the reward model in ``<run>`` (written once: a
+    resumed run loads them), then the learner's own run in ``<run>/rl`` on :class:`LearnedRewardVec`."""
+    import gc
+    import shutil
+
+    from baselines import distributed
+    from baselines.rng import seed_everything
+
+    # Checkpoints and --resume of the RL stage are the learner's own (in <run>/rl); this stage's output
+    # is the reward model, written once.
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    info = distributed.init_from_env()
+    config.check_processes(info.world_size)
+    saved = config.run_dir() / "reward_model"
+    if saved.exists() and not config.resume:
+        if not config.overwrite:
+            raise FileExistsError(f"{config.run_dir()} holds a trained reward model: pass --resume to continue the "
+                                  "run or --overwrite to start afresh")
+        shutil.rmtree(config.run_dir())
+    if config.resume and not saved.exists():
+        raise FileNotFoundError(f"nothing to resume in {config.run_dir()}: no trained reward model")
+    run = Run(config, info, config.run_dir(), seed_everything(config.seed))
+    team = Team(config, run, extra_agents=(REWARD_MODEL,), value_head=True)
+    policy, agents = team.policy, team.agents
+    check_shared_tokenizer(policy, [*agents, REWARD_MODEL], "trains a reward model that reads every agent's tokens")
+    stats_path = saved / "stats.json"
+    if stats_path.is_file():  # a resumed run: the reward model of its first stage
+        policy.load(saved)
+        stats = json.loads(stats_path.read_text(encoding="utf-8"))
+    else:
+        pairs, stats = collect_offline(team, run, config)
+        if not pairs:
+            raise ValueError(f"no preference pairs: every candidate of the {config.num_prompts} prompts tied; "
+                             "raise num_candidates or temperature")
+        buffer = PairBuffer()
+        buffer.add(0, pairs)
+        buffer.save_iteration(preference_dir(run), 0)
+        held = round(config.rm_holdout * len(pairs))
+        order = run.rng.permutation(len(pairs))
+        train, test = [pairs[i] for i in order[held:]], [pairs[i] for i in order[:held]]
+        optimizer = policy.optimizer(REWARD_MODEL, lr=config.rm_learning_rate)
+        policy.train()
+        stats["pref/rm_accuracy_before"] = rm_accuracy(policy, test, agents, config.rm_batch_pairs)
+        stats.update(train_reward_model(policy, optimizer, train, agents, config, run.rng, config.rm_epochs))
+        stats["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, config.rm_batch_pairs)
+        stats["pref/rm_pairs"] = float(len(train))
+        stats = {k: v for k, v in stats.items() if math.isfinite(v)}
+        del optimizer
+        policy.save(saved)
+        stats_path.write_text(json.dumps(stats, indent=1), encoding="utf-8")
+    policy.eval()
+    team.close()
+    gc.collect()
+    pad_ids = {a: policy.pad_token_id_of(a) for a in agents}
+    eos_ids = {a: list(policy.eos_token_ids_of(a)) for a in agents}
+
+    def scorer(prompts: Mapping[str, Any], responses: Mapping[str, Any]) -> np.ndarray:
+        ids, mask = critic_inputs(prompts, responses, list(prompts), policy.pad_token_id_of(REWARD_MODEL))
+        with torch.no_grad():
+            out = [reward_scores(policy, ids[i:i + 8], mask[i:i + 8]) for i in range(0, len(ids), 8)]
+        return torch.cat(out).double().cpu().numpy()
+
+    learner, settings = rl_config(config)
+    result = learner.main(settings, reward_wrapper=lambda venv: LearnedRewardVec(venv, scorer, pad_ids, eos_ids))
+    result.update(stats)
+    return result
+
+
 # ----------------------------------------------------------------------------------------- the run
 def main(config: Config) -> dict[str, Any]:
     """Train MARLHF; returns the final metrics with ``eval/*`` (the task's reward) before and after."""
+    if config.rl_learner != "magrpo":
+        return two_stage(config)
     run = Run.begin(config)
     team = Team(config, run, extra_agents=(REWARD_MODEL,), value_head=True)
     policy, agents = team.policy, team.agents

@@ -380,7 +380,13 @@ def rollout_sampling(config: Config, models: Sequence[str], length: int) -> dict
     return kwargs
 
 
-def train(config: Config, *, models: Sequence[str] | None = None, assign: Assignment | None = None) -> dict[str, Any]:
+def train(
+    config: Config,
+    *,
+    models: Sequence[str] | None = None,
+    assign: Assignment | None = None,
+    reward_wrapper: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]:
     """The PPO loop shared by PPO and CORY. ``models`` names the adapters (default: the env's agents);
     ``assign(iteration)`` says which model plays which role (default: each agent plays itself). Each
     model keeps its own adapter, value head, optimizer and KL controller whichever role it plays, and
@@ -448,6 +454,8 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
             t0 = time.perf_counter()
             players = assign(iteration)  # role -> model
             venv = envs.vector(players)
+            if reward_wrapper is not None:  # MARLHF: the training envs' rewards are a learned model's
+                venv = reward_wrapper(venv)
             # 1. Rollout: one response length for the whole batch; roles act as the env's protocol says.
             problems = run.rng.choice(n_train, size=config.batch_size, replace=n_train < config.batch_size)
             length = int(run.rng.integers(config.min_new_tokens, config.max_new_tokens + 1))
@@ -509,9 +517,11 @@ def train(config: Config, *, models: Sequence[str] | None = None, assign: Assign
     return result
 
 
-def main(config: Config) -> dict[str, Any]:
-    """Train independent PPO agents (each env agent has its own adapter, value head and optimizer)."""
-    return train(config)
+def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+    """Train independent PPO agents (each env agent has its own adapter, value head and optimizer).
+    ``reward_wrapper(venv)``: the training envs as the learner sees them (MARLHF's learned reward; the
+    evaluations keep the task's)."""
+    return train(config, reward_wrapper=reward_wrapper)
 
 
 def summary(result: Mapping[str, Any]) -> str:

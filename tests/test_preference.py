@@ -241,13 +241,58 @@ def test_madpo_iterative_smoke(tiny_model_dir, tmp_path, comparator, extra):
                                                                                           "pairs_000001.pt"]
 
 
-@pytest.mark.parametrize("iterative", [False, True])
-def test_marlhf_smoke(tiny_model_dir, tmp_path, iterative):
+@pytest.mark.parametrize(("iterative", "rl"), [(False, "magrpo"), (True, "magrpo"), (False, "ppo"), (False, "maac")])
+def test_marlhf_smoke(tiny_model_dir, tmp_path, iterative, rl):
+    extra = {"comparator": "history"} if iterative else {}
+    if rl == "ppo":
+        extra["rl_args"] = ("batch_size=4", "minibatch_size=4", "num_ppo_epochs=1")
+    if rl == "maac":
+        extra["rl_args"] = ("num_generations=2", "num_epochs=1")
     config = tiny(marlhf, tiny_model_dir, tmp_path, iterative=iterative, num_prompts=3, num_eval_problems=0,
-                  **({"comparator": "history"} if iterative else {}))
+                  rl_learner=rl, **extra)
     result = marlhf.main(config)
-    assert_trained(result, config.run_dir(), ["brief", "detailed", marlhf.REWARD_MODEL])
-    assert "pref/learned_reward" in result and "reward/total" in result and "losses/reward_model" in result
+    if rl == "magrpo":
+        assert_trained(result, config.run_dir(), ["brief", "detailed", marlhf.REWARD_MODEL])
+        assert "pref/learned_reward" in result and "reward/total" in result and "losses/reward_model" in result
+        return
+    # PPO / MAAC: the reward model is trained first (<run>/reward_model), the learner's run is <run>/rl.
+    assert_trained(result, config.run_dir() / "rl", ["brief", "detailed"])
+    assert "losses/reward_model" in result and 0 <= result["pref/rm_heldout_accuracy"] <= 1
+    assert (config.run_dir() / "reward_model" / "reward_model.adapter.safetensors").is_file()
+    with pytest.raises(FileExistsError, match="--resume"):
+        marlhf.main(config)
+
+
+def test_learned_reward_vec_replaces_the_rewards_and_keeps_the_task_infos():
+    import llm_envs
+
+    venv = llm_envs.make_vec("writing/xsum-v0", 2, max_source_words=20)
+    seen = {}
+
+    def scorer(prompts, responses):
+        seen.update(responses)
+        return np.array([0.25, -1.0])
+
+    wrapped = marlhf.LearnedRewardVec(venv, scorer, {a: 0 for a in venv.possible_agents},
+                                      {a: [0] for a in venv.possible_agents})
+    wrapped.reset(seed=[0, 1])
+    actions = {a: ["A short summary.", "Another one, a bit longer."] for a in venv.possible_agents}
+    _, rewards, terms, _, infos = wrapped.step(actions)
+    for a in venv.possible_agents:
+        np.testing.assert_allclose(rewards[a], [0.25, -1.0])
+        assert "reward_total" in infos[a] and bool(terms[a].all())  # the task's reward stays in the infos
+    assert set(seen) == set(venv.possible_agents) and wrapped.num_envs == 2
+
+
+def test_rl_args_errors():
+    with pytest.raises(ValueError, match="rl_args sets a PPO or MAAC"):
+        marlhf.Config(rl_args=("batch_size=4",))
+    with pytest.raises(ValueError, match="use rl_learner='magrpo'"):
+        marlhf.Config(rl_learner="ppo", iterative=True)
+    with pytest.raises(ValueError, match="rl_args entry 'lr=1'"):
+        marlhf.rl_config(marlhf.Config(rl_learner="ppo", rl_args=("lr=1",)))
+    with pytest.raises(ValueError, match="batch_size must be an int"):
+        marlhf.rl_config(marlhf.Config(rl_learner="ppo", rl_args=("batch_size=many",)))
 
 
 @pytest.mark.parametrize(("learner", "iterations"), [(madpo, 3), (marlhf, 2)], ids=["madpo", "marlhf"])
