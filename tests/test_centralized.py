@@ -335,8 +335,8 @@ def test_ppo_centralized_smoke(tiny_model_dir, tmp_path, varied_central_reward):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["train", "cory", "--centralized"], "--centralized trains one model on a parallel env with magrpo or ppo, "
-                                             "not cory"),
+        (["train", "cory", "--centralized"], "--centralized trains one model on a parallel env with magrpo or ppo "
+                                             "or madpo or marlhf, not cory"),
         (["train", "maac", "--centralized"], "not maac"),
         (["train", "ppo", "--env", "sentiment/imdb-cory-v0", "--centralized"],
          "--centralized needs a parallel env, and 'sentiment/imdb-cory-v0' is sequential"),
