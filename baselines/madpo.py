@@ -317,54 +317,60 @@ def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pai
                config: Config) -> dict[str, float]:
     """One gradient step of every agent on ``pairs`` (the joint DPO loss, mean over pairs), micro-batched
     by ``micro_batch_pairs``. Returns the loss, the preference accuracy (joint margin > 0), the mean
-    margin and each agent's share and gradient norm."""
+    margin and each agent's share and gradient norm.
+
+    Per micro-batch, a pass without gradients gives every agent's share (the others' terms of each
+    agent's loss are constants); then each agent's forward and backward run one after the other, so one
+    agent's graph is alive at a time and each agent's gradient is computed under its own adapter."""
     agents = list(optimizers)
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
     total = len(pairs)
-    stats: dict[str, list[float]] = {"loss": [], "margin": [], "accuracy": [], "kl": []}
-    share = {a: [] for a in agents}
+    stats: dict[str, list[float]] = {"margin": [], "accuracy": [], "kl": []}
+    share: dict[str, list[float]] = {a: [] for a in agents}
     loss_sum = 0.0
     for start in range(0, total, config.micro_batch_pairs):
         part = pairs[start:start + config.micro_batch_pairs]
         n = len(part)
-        deltas, kl_terms = {}, []
+        rows = {a: pair_rows(part, a, policy.pad_token_id_of(a)) for a in agents}
+        ref = {a: torch.tensor([p.ref[a][0] - p.ref[a][1] for p in part], dtype=torch.float32)
+               if config.reference_term else torch.zeros(n) for a in agents}
+        with torch.no_grad():
+            own = {}
+            for a in agents:
+                sums = policy.logprobs(a, *rows[a], temperature=config.scoring_temperature(a)).sum(1).float().cpu()
+                own[a] = sums[:n] - sums[n:] - ref[a]
+        margin = sum(own.values())
         for a in agents:
-            rows = pair_rows(part, a, policy.pad_token_id_of(a))
             temperature = config.scoring_temperature(a)
-            logprobs = policy.logprobs(a, *rows, temperature=temperature)
+            logprobs = policy.logprobs(a, *rows[a], temperature=temperature)
             sums = logprobs.sum(1)
-            deltas[a] = sums[:n] - sums[n:]
+            delta = sums[:n] - sums[n:]
+            # The others' shares (reference term included) are constants of agent a's loss.
+            others = {k: v.to(delta.device) for k, v in own.items() if k != a}
+            zeros = {k: torch.zeros_like(v) for k, v in others.items()}
+            losses, _ = joint_dpo_loss({a: delta, **others}, config.beta, {a: ref[a].to(delta.device), **zeros})
+            loss = losses[a].sum() / (total * len(agents))
             if config.kl_coef > 0 and config.kl_in == "loss":
-                ref = policy.ref_logprobs(a, *rows, temperature=temperature)
-                mask = rows[3].to(logprobs.device).float()
-                kl_terms.append((kl_to_reference(logprobs, ref) * mask).sum() / mask.sum().clamp(min=1.0))
-        ref_deltas = None
-        if config.reference_term:
-            ref_deltas = {a: torch.tensor([p.ref[a][0] - p.ref[a][1] for p in part], dtype=deltas[a].dtype,
-                                          device=deltas[a].device) for a in agents}
-        losses, margin = joint_dpo_loss(deltas, config.beta, ref_deltas)
-        loss = sum(losses[a].sum() for a in agents) / (total * len(agents))
-        if kl_terms:
-            kl = sum(kl_terms) / len(kl_terms)
-            loss = loss + config.kl_coef * kl * n / total
-            stats["kl"].append(float(kl.detach()) * n / total)
-        if not math.isfinite(float(loss.detach())):
-            for opt in optimizers.values():
-                opt.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite preference loss {float(loss.detach())}; lower learning_rate "
-                                     f"({config.learning_rate}) or beta ({config.beta})")
-        loss.backward()
-        loss_sum += float(loss.detach())
-        stats["margin"] += margin.detach().float().cpu().tolist()
-        stats["accuracy"] += (margin.detach() > 0).float().cpu().tolist()
-        for a in agents:
-            own = deltas[a].detach() - (ref_deltas[a] if ref_deltas is not None else 0.0)
-            share[a] += own.float().cpu().tolist()
+                reference = policy.ref_logprobs(a, *rows[a], temperature=temperature)
+                mask = rows[a][3].to(logprobs.device).float()
+                kl = (kl_to_reference(logprobs, reference) * mask).sum() / mask.sum().clamp(min=1.0)
+                loss = loss + config.kl_coef * kl * n / (total * len(agents))
+                stats["kl"].append(float(kl.detach()) * n / total)
+            if not math.isfinite(float(loss.detach())):
+                for opt in optimizers.values():
+                    opt.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"agent {a!r}: non-finite preference loss {float(loss.detach())}; lower "
+                                         f"learning_rate ({config.learning_rate}) or beta ({config.beta})")
+            loss.backward()
+            loss_sum += float(loss.detach())
+            share[a] += own[a].tolist()
+        stats["margin"] += margin.tolist()
+        stats["accuracy"] += (margin > 0).float().tolist()
     out = {"losses/dpo": loss_sum, "pref/margin": float(np.mean(stats["margin"])),
            "pref/accuracy": float(np.mean(stats["accuracy"])), "pref/pairs": float(total)}
     if stats["kl"]:
-        out["losses/kl"] = float(np.sum(stats["kl"]))
+        out["losses/kl"] = float(np.sum(stats["kl"])) / len(agents)
     for a in agents:
         params = policy.parameters(a)
         if config.max_grad_norm > 0:
