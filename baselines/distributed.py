@@ -315,6 +315,27 @@ def global_minibatches(
                 yield epoch, batch[(batch >= offset) & (batch < offset + n)] - offset, float(lengths[batch].sum())
 
 
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; one process: ``[obj]``."""
+    if not _active():
+        return [obj]
+    return _gather_objects(obj)
+
+
+def local_block(items: Sequence[T]) -> list[T]:
+    """This rank's contiguous block of ``items`` as :func:`shard` cuts it, but a rank may get none
+    (a batch of pairs smaller than the number of processes).
+
+    >>> local_block([1, 2, 3])  # one process
+    [1, 2, 3]
+    """
+    items = list(items)
+    base, extra = divmod(len(items), world_size())
+    me = rank()
+    start = me * base + min(me, extra)
+    return items[start : start + base + (1 if me < extra else 0)]
+
+
 def _gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)

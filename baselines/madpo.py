@@ -47,6 +47,7 @@ from baselines.preference import (
     Comparator,
     Pair,
     PairBuffer,
+    PromptCandidates,
     Replay,
     Selection,
     attach_reference,
@@ -54,6 +55,7 @@ from baselines.preference import (
     joint_dpo_loss,
     matched_pairs,
     pair_rows,
+    per_prompt,
     ranked_pairs,
     sample_candidates,
     select_pairs,
@@ -142,9 +144,14 @@ class PreferenceConfig(LearnerConfig):
             raise ValueError(f"comparator_model is set but comparator={self.comparator!r}; use --comparator model")
 
     def check_processes(self, world_size: int) -> None:
-        if world_size > 1:
-            raise ValueError(f"{self.learner} runs in one process (got {world_size}); its candidates and pairs "
-                             "are not sharded yet")
+        """Every process samples its share of each batch of prompts (at least one prompt each)."""
+        if self.num_problems < world_size:
+            raise ValueError(f"num_problems={self.num_problems} cannot be shared among {world_size} processes; every "
+                             f"process needs at least one prompt per batch (num_problems >= {world_size})")
+        last = self.num_prompts % self.num_problems
+        if not self.iterative and 0 < last < world_size:
+            raise ValueError(f"num_prompts={self.num_prompts} leaves a last batch of {last} prompts for {world_size} "
+                             "processes; make num_prompts a multiple of num_problems")
 
 
 @dataclass
@@ -204,6 +211,7 @@ class Team:
         self.history: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.comparator_policy = None
         self.last_team_candidates: Candidates | None = None
+        self.last_venv: Any = None
         if config.iterative and config.comparator == "model":
             self.comparator_policy = self._comparator_model()
 
@@ -246,13 +254,19 @@ class Team:
 
     # ------------------------------------------------------------------ candidates
     def candidates(self, problems: Sequence[int], iteration: int, stream: int, which: str = "team") -> Candidates:
-        """The joint candidates of ``problems``: ``which`` = ``team`` (the live weights) or a comparator
-        (``current``, ``initial``, ``history``, ``model``); ``stream`` separates their sampling seeds."""
+        """This process's joint candidates of the batch ``problems`` (its contiguous share of them):
+        ``which`` = ``team`` (the live weights) or a comparator (``current``, ``initial``, ``history``,
+        ``model``); ``stream`` separates their sampling seeds. Every prompt's candidates are sampled
+        under its own seed, so they do not depend on how the batch is split between processes."""
         config = self.config
-        venv = self.venv(len(problems))
+        positions = distributed.shard(range(len(problems)))  # this process's prompts of the batch
+        venv = self.venv(len(positions))
+        self.last_venv = venv
         n = config.num_candidates
-        group_seeds = [distributed.group_seed(config.seed, iteration, stream, b) for b in range(len(problems))]
-        env_seeds = [config.seed * 1_000_003 + iteration * len(problems) * n + i for i in range(len(problems) * n)]
+        group_seeds = [distributed.group_seed(config.seed, iteration, stream, b) for b in positions]
+        env_seeds = [config.seed * 1_000_003 + iteration * len(problems) * n + b * n + j
+                     for b in positions for j in range(n)]
+        problems = [problems[b] for b in positions]
         sampling = config.sampling_kwargs(self.agents)
         policy, swap = self.policy, None
         if which == "model":
@@ -281,34 +295,33 @@ class Team:
             return cands.rewards - config.kl_coef * candidate_kl(self.policy, cands, config.scoring_temperature)
         return cands.rewards
 
+    def gathered(self, cands: Candidates, rewards: np.ndarray) -> list[PromptCandidates]:
+        """Every process's prompts of a batch, in batch order, on every process."""
+        return [p for part in distributed.gather_objects(per_prompt(cands, rewards)) for p in part]
+
     def offline_pairs(
-        self, cands: Candidates, rewards: np.ndarray, iteration: int, rng: np.random.Generator
+        self, prompts: Sequence[PromptCandidates], iteration: int, rng: np.random.Generator
     ) -> list[Pair]:
-        config, n = self.config, cands.num_samples
+        """Every ordered pair of each prompt's candidates with r_w > r_l, then the selection rule."""
+        config = self.config
         pairs = []
-        for b in range(len(rewards) // n):
-            rows = range(b * n, (b + 1) * n)
-            for c in select_pairs(ranked_pairs(rewards[b * n:(b + 1) * n]), config.pair_selection,
-                                  config.pairs_per_prompt, rng):
-                w, lo = rows[c.winner], rows[c.loser]
-                pairs.append(Pair({a: cands.row_prompt(a, w) for a in self.agents},
-                                  {a: cands.row_response(a, w) for a in self.agents},
-                                  {a: cands.row_response(a, lo) for a in self.agents}, iteration, c.gap))
+        for pc in prompts:
+            for c in select_pairs(ranked_pairs(pc.rewards), config.pair_selection, config.pairs_per_prompt, rng):
+                pairs.append(Pair(dict(pc.prompts), {a: pc.responses[a][c.winner] for a in self.agents},
+                                  {a: pc.responses[a][c.loser] for a in self.agents}, iteration, c.gap))
         return pairs
 
-    def matched(self, team: Candidates, team_r: np.ndarray, other: Candidates, other_r: np.ndarray, iteration: int,
+    def matched(self, team: Sequence[PromptCandidates], other: Sequence[PromptCandidates], iteration: int,
                 rng: np.random.Generator) -> list[Pair]:
-        config, n = self.config, team.num_samples
+        """Team candidate j against comparator candidate j of each prompt, then the selection rule."""
+        config = self.config
         pairs = []
-        for b in range(len(team_r) // n):
-            sl = slice(b * n, (b + 1) * n)
-            for c in select_pairs(matched_pairs(team_r[sl], other_r[sl]), config.pair_selection,
+        for mine, theirs in zip(team, other, strict=True):
+            for c in select_pairs(matched_pairs(mine.rewards, theirs.rewards), config.pair_selection,
                                   config.pairs_per_prompt, rng):
-                row = b * n + c.winner
-                win, lose = (team, other) if c.team_won else (other, team)
-                pairs.append(Pair({a: team.row_prompt(a, row) for a in self.agents},
-                                  {a: win.row_response(a, row) for a in self.agents},
-                                  {a: lose.row_response(a, row) for a in self.agents}, iteration, c.gap))
+                win, lose = (mine, theirs) if c.team_won else (theirs, mine)
+                pairs.append(Pair(dict(mine.prompts), {a: win.responses[a][c.winner] for a in self.agents},
+                                  {a: lose.responses[a][c.winner] for a in self.agents}, iteration, c.gap))
         return pairs
 
 
@@ -326,6 +339,8 @@ def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pai
     for opt in optimizers.values():
         opt.zero_grad(set_to_none=True)
     total = len(pairs)
+    spread = distributed.world_size() > 1
+    pairs = distributed.local_block(pairs)  # this process's share; losses are divided by the whole batch
     stats: dict[str, list[float]] = {"margin": [], "accuracy": [], "kl": []}
     share: dict[str, list[float]] = {a: [] for a in agents}
     loss_sum = 0.0
@@ -357,22 +372,29 @@ def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pai
                 kl = (kl_to_reference(logprobs, reference) * mask).sum() / mask.sum().clamp(min=1.0)
                 loss = loss + config.kl_coef * kl * n / (total * len(agents))
                 stats["kl"].append(float(kl.detach()) * n / total)
-            if not math.isfinite(float(loss.detach())):
-                for opt in optimizers.values():
-                    opt.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"agent {a!r}: non-finite preference loss {float(loss.detach())}; lower "
-                                         f"learning_rate ({config.learning_rate}) or beta ({config.beta})")
             loss.backward()
             loss_sum += float(loss.detach())
             share[a] += own[a].tolist()
         stats["margin"] += margin.tolist()
         stats["accuracy"] += (margin > 0).float().tolist()
+    # Every process must see the same verdict before the all-reduce; the weights are left as they were.
+    overall = distributed.all_sum(loss_sum) if spread else loss_sum
+    if not math.isfinite(overall):
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"non-finite preference loss {overall}; lower learning_rate "
+                                 f"({config.learning_rate}) or beta ({config.beta})")
+    loss_sum = overall
+    if spread:
+        stats = {k: [x for part in distributed.gather_objects(v) for x in part] for k, v in stats.items()}
+        share = {a: [x for part in distributed.gather_objects(v) for x in part] for a, v in share.items()}
     out = {"losses/dpo": loss_sum, "pref/margin": float(np.mean(stats["margin"])),
            "pref/accuracy": float(np.mean(stats["accuracy"])), "pref/pairs": float(total)}
     if stats["kl"]:
         out["losses/kl"] = float(np.sum(stats["kl"])) / len(agents)
     for a in agents:
         params = policy.parameters(a)
+        distributed.all_reduce_grads(params, "sum")
         if config.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
         else:
@@ -396,9 +418,8 @@ def collect_offline(team: Team, run: Run, config: PreferenceConfig) -> tuple[lis
     batches = [problems[i:i + config.num_problems] for i in range(0, len(problems), config.num_problems)]
     for c, batch in enumerate(tqdm(batches, desc="candidates", disable=not (config.progress and run.main))):
         cands = team.candidates([int(p) for p in batch], iteration=c, stream=0)
-        r = team.penalised(cands)
-        rewards.append(cands.rewards)
-        pairs += team.offline_pairs(cands, r, 0, run.rng)
+        rewards.append(distributed.gather_rows(cands.rewards))
+        pairs += team.offline_pairs(team.gathered(cands, team.penalised(cands)), 0, run.rng)
     all_r = np.concatenate(rewards)
     return pairs, {"pref/candidate_reward": float(all_r.mean()), "pref/candidate_reward_std": float(all_r.std())}
 
@@ -416,14 +437,15 @@ def iterative_pairs(
     mine = team.candidates(problems, iteration, stream=0)
     team.last_team_candidates = mine  # MARLHF's RL stage trains on these
     mine_r = team.penalised(mine)
-    pairs = team.matched(mine, mine_r, other, other_r, iteration, run.rng)
+    pairs = team.matched(team.gathered(mine, mine_r), team.gathered(other, other_r), iteration, run.rng)
+    mine_r, other_r = distributed.gather_rows(mine_r), distributed.gather_rows(other_r)
     decided = mine_r != other_r
-    metrics = reward_metrics(dict(mine.infos[team.agents[0]]))
+    metrics = reward_metrics(distributed.gather_rows(dict(mine.infos[team.agents[0]])))
     metrics.update({
-        "pref/comparator_reward": float(other.rewards.mean()),
+        "pref/comparator_reward": float(np.mean(distributed.gather_rows(other.rewards))),
         "pref/win_rate": float((mine_r > other_r)[decided].mean()) if decided.any() else 0.5,
         "pref/new_pairs": float(len(pairs)),
-        "charts/reward_std": float(np.std(mine.rewards)),
+        "charts/reward_std": float(np.std(distributed.gather_rows(mine.rewards))),
     })
     return problems, pairs, metrics
 
@@ -485,10 +507,9 @@ def main(config: Config) -> dict[str, Any]:
                             "charts/rollout_fraction": t_sample / elapsed, "pref/buffer": float(len(buffer)),
                             "charts/learning_rate": config.learning_rate})
             if config.iterative:
-                run.write_samples(step, team.venv(config.num_problems).envs,
-                                  [None] * config.num_problems * config.num_candidates,
-                                  [{"task_index": p, "split": "train"} for p in problems
-                                   for _ in range(config.num_candidates)])
+                local = distributed.shard(problems)
+                options = [{"task_index": p, "split": "train"} for p in local for _ in range(config.num_candidates)]
+                run.write_samples(step, team.last_venv.envs, [None] * len(options), options)
             postfix = {"loss": f"{metrics.get('losses/dpo', float('nan')):.3f}", "s_it": f"{elapsed:.1f}"}
             if "reward/total" in metrics:
                 postfix["reward"] = f"{metrics['reward/total']:.3f}"

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from baselines import distributed
 from baselines.config import check_choice, check_ints, check_ranges
 from baselines.critic import critic_inputs
 from baselines.madpo import (
@@ -154,21 +155,32 @@ def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch
 
 def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
                       max_grad_norm: float) -> dict[str, float]:
-    """One Bradley-Terry step of the reward model on ``pairs``; returns its loss and batch accuracy."""
+    """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
+    share and the gradients are summed); returns its loss and batch accuracy."""
+    from baselines import distributed
+
     optimizer.zero_grad(set_to_none=True)
-    s = reward_scores(policy, *pair_inputs(pairs, agents, policy.pad_token_id_of(REWARD_MODEL)))
-    n = len(pairs)
-    loss = bradley_terry_loss(s[:n], s[n:]).mean()
-    if not math.isfinite(float(loss.detach())):
-        optimizer.zero_grad(set_to_none=True)
-        raise FloatingPointError(f"non-finite reward-model loss {float(loss.detach())}; lower rm_learning_rate")
-    loss.backward()
+    total = len(pairs)
+    local = distributed.local_block(pairs)
+    loss_sum, right = 0.0, 0.0
+    if local:
+        s = reward_scores(policy, *pair_inputs(local, agents, policy.pad_token_id_of(REWARD_MODEL)))
+        n = len(local)
+        loss = bradley_terry_loss(s[:n], s[n:]).sum() / total
+        loss.backward()
+        loss_sum, right = float(loss.detach()), float((s[:n] > s[n:]).float().sum())
+    if distributed.world_size() > 1:
+        loss_sum, right = distributed.all_sum([loss_sum, right])
     params = policy.parameters(REWARD_MODEL)
+    if not math.isfinite(loss_sum):  # the same verdict on every process, before any weight changes
+        optimizer.zero_grad(set_to_none=True)
+        raise FloatingPointError(f"non-finite reward-model loss {loss_sum}; lower rm_learning_rate")
+    distributed.all_reduce_grads(params, "sum")
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return {"loss": float(loss.detach()), "accuracy": float((s[:n] > s[n:]).float().mean())}
+    return {"loss": loss_sum, "accuracy": right / total}
 
 
 def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
@@ -300,7 +312,6 @@ def two_stage(config: Config) -> dict[str, Any]:
     import gc
     import shutil
 
-    from baselines import distributed
     from baselines.rng import seed_everything
 
     # Checkpoints and --resume of the RL stage are the learner's own (in <run>/rl); this stage's output
@@ -314,7 +325,9 @@ def two_stage(config: Config) -> dict[str, Any]:
         if not config.overwrite:
             raise FileExistsError(f"{config.run_dir()} holds a trained reward model: pass --resume to continue the "
                                   "run or --overwrite to start afresh")
-        shutil.rmtree(config.run_dir())
+        if info.is_main:
+            shutil.rmtree(config.run_dir())
+        distributed.barrier()
     if config.resume and not saved.exists():
         raise FileNotFoundError(f"nothing to resume in {config.run_dir()}: no trained reward model")
     run = Run(config, info, config.run_dir(), seed_everything(config.seed))
@@ -332,7 +345,8 @@ def two_stage(config: Config) -> dict[str, Any]:
                              "raise num_candidates or temperature")
         buffer = PairBuffer()
         buffer.add(0, pairs)
-        buffer.save_iteration(preference_dir(run), 0)
+        if run.main:
+            buffer.save_iteration(preference_dir(run), 0)
         held = round(config.rm_holdout * len(pairs))
         order = run.rng.permutation(len(pairs))
         train, test = [pairs[i] for i in order[held:]], [pairs[i] for i in order[:held]]
@@ -344,8 +358,10 @@ def two_stage(config: Config) -> dict[str, Any]:
         stats["pref/rm_pairs"] = float(len(train))
         stats = {k: v for k, v in stats.items() if math.isfinite(v)}
         del optimizer
-        policy.save(saved)
-        stats_path.write_text(json.dumps(stats, indent=1), encoding="utf-8")
+        if run.main:
+            policy.save(saved)
+            stats_path.write_text(json.dumps(stats, indent=1), encoding="utf-8")
+        distributed.barrier()  # the other processes start the RL stage once the reward model is written
     policy.eval()
     team.close()
     gc.collect()
@@ -428,7 +444,7 @@ def main(config: Config) -> dict[str, Any]:
                 problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
                                                             replace=team.n_train < config.num_problems)]
                 cands = team.candidates(problems, iteration, stream=0)
-                metrics.update(reward_metrics(dict(cands.infos[agents[0]])))
+                metrics.update(reward_metrics(distributed.gather_rows(dict(cands.infos[agents[0]]))))
             t_sample = time.perf_counter() - t0
             # RL on the learned reward: MAGRPO's group-relative update of every agent.
             learned = learned_rewards(policy, cands, agents)
@@ -450,16 +466,16 @@ def main(config: Config) -> dict[str, Any]:
                 history.save(team, step)
             elapsed = time.perf_counter() - t0
             metrics.update({
-                "pref/learned_reward": float(np.mean(learned)),
+                "pref/learned_reward": float(np.mean(distributed.gather_rows(learned))),
                 "pref/buffer": float(len(buffer)),
                 "charts/iteration": step,
                 "charts/s_per_iteration": elapsed,
                 "charts/rollout_fraction": t_sample / elapsed,
                 "charts/learning_rate": config.learning_rate,
             })
-            run.write_samples(step, team.venv(len(problems)).envs, [None] * len(problems) * config.num_candidates,
-                              [{"task_index": p, "split": "train"} for p in problems
-                               for _ in range(config.num_candidates)])
+            options = [{"task_index": p, "split": "train"} for p in distributed.shard(problems)
+                       for _ in range(config.num_candidates)]
+            run.write_samples(step, team.last_venv.envs, [None] * len(options), options)
             run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}",
                               learned=f"{metrics['pref/learned_reward']:.3f}", s_it=f"{elapsed:.1f}")
         run.evaluate_after()

@@ -332,6 +332,28 @@ class Candidates:
         return split_response(g.response_ids[row], g.response_mask[row])
 
 
+@dataclass
+class PromptCandidates:
+    """One prompt's N joint candidates in a form every process can hold (gathered across ranks): each
+    agent's prompt tokens and N response tokens, and the rewards that rank them (N,)."""
+
+    prompts: dict[str, torch.Tensor]
+    responses: dict[str, list[torch.Tensor]]
+    rewards: np.ndarray
+
+
+def per_prompt(cands: Candidates, rewards: np.ndarray) -> list[PromptCandidates]:
+    """``cands`` (prompt-major rows) as one :class:`PromptCandidates` per prompt, ranked by ``rewards``."""
+    n = cands.num_samples
+    agents = list(cands.gens)
+    return [
+        PromptCandidates({a: cands.row_prompt(a, b * n) for a in agents},
+                         {a: [cands.row_response(a, b * n + j) for j in range(n)] for a in agents},
+                         np.asarray(rewards[b * n:(b + 1) * n], dtype=np.float64))
+        for b in range(len(rewards) // n)
+    ]
+
+
 def sample_candidates(
     policy: Any,
     venv: Any,
