@@ -344,7 +344,7 @@ def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pai
     stats: dict[str, list[float]] = {"margin": [], "accuracy": [], "kl": []}
     share: dict[str, list[float]] = {a: [] for a in agents}
     loss_sum = 0.0
-    for start in range(0, total, config.micro_batch_pairs):
+    for start in range(0, len(pairs), config.micro_batch_pairs):
         part = pairs[start:start + config.micro_batch_pairs]
         n = len(part)
         rows = {a: pair_rows(part, a, policy.pad_token_id_of(a)) for a in agents}
@@ -524,8 +524,9 @@ class History:
     """``comparator=history``: the team's weights after each of the last k iterations, in memory and in
     ``<run>/preference/weights_<step>.pt`` (a resumed run reads back those it needs)."""
 
-    def __init__(self, directory: Path, k: int, enabled: bool) -> None:
-        self.directory, self.k, self.enabled = directory, k, enabled
+    def __init__(self, directory: Path, k: int, enabled: bool, main: bool = True) -> None:
+        self.directory, self.k, self.enabled, self.main = directory, k, enabled, main
+        """``main``: this process writes and prunes the files (rank 0); every process keeps the weights."""
 
     def save(self, team: Team, step: int) -> None:
         if not self.enabled:
@@ -533,6 +534,8 @@ class History:
         team.history[step] = team.snapshot()
         for old in [s for s in team.history if s < step - self.k]:
             del team.history[old]
+        if not self.main:
+            return
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"weights_{step:06d}.pt"
         tmp = path.with_suffix(".tmp")
@@ -548,7 +551,8 @@ class History:
         for path in sorted(self.directory.glob("weights_*.pt")) if self.directory.exists() else []:
             s = int(path.stem.split("_")[1])
             if s > before:
-                path.unlink()
+                if self.main:
+                    path.unlink(missing_ok=True)
             elif s >= before - self.k:
                 try:
                     snap = torch.load(path, map_location="cpu", weights_only=True)
@@ -567,8 +571,9 @@ def load_preference_state(team: Team, run: Run, config: PreferenceConfig) -> tup
             path.unlink()  # a new run (--overwrite) starts without the old run's pairs
     # Offline: the collected pairs are iteration 0's, complete once the boundary records the collection.
     before = run.start_step if config.iterative else (1 if "collected" in run.extra else 0)
-    buffer = PairBuffer.load(directory, before) if config.resume else PairBuffer()
-    history = History(directory, config.comparator_history, config.iterative and config.comparator == "history")
+    buffer = PairBuffer.load(directory, before, prune=run.main) if config.resume else PairBuffer()
+    history = History(directory, config.comparator_history, config.iterative and config.comparator == "history",
+                      main=run.main)
     if config.resume:
         history.load(team, run.start_step)
     return buffer, history

@@ -176,8 +176,11 @@ def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequ
         optimizer.zero_grad(set_to_none=True)
         raise FloatingPointError(f"non-finite reward-model loss {loss_sum}; lower rm_learning_rate")
     distributed.all_reduce_grads(params, "sum")
+    # The head's bias shifts both scores of a pair: the Bradley-Terry loss cannot see it, its gradient is
+    # rounding noise, and Adam would turn that noise into steps of ~lr. It stays as initialised.
+    policy.value_heads[REWARD_MODEL].bias.grad = None
     if max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"loss": loss_sum, "accuracy": right / total}

@@ -247,9 +247,10 @@ class PairBuffer:
         return path
 
     @classmethod
-    def load(cls, directory: Path, before: int) -> PairBuffer:
+    def load(cls, directory: Path, before: int, prune: bool = True) -> PairBuffer:
         """The pairs of iterations < ``before`` saved in ``directory``; later files (an interrupted
-        iteration's) are removed. A missing file of an earlier iteration is an error."""
+        iteration's) are removed when ``prune`` (the process that writes them). A missing file of an
+        earlier iteration is an error."""
         buffer = cls()
         if not directory.exists():
             if before > 0:
@@ -258,7 +259,8 @@ class PairBuffer:
         for path in sorted(directory.glob("pairs_*.pt")):
             it = int(path.stem.split("_")[1])
             if it >= before:
-                path.unlink()
+                if prune:
+                    path.unlink(missing_ok=True)
                 continue
             try:
                 records = torch.load(path, map_location="cpu", weights_only=True)

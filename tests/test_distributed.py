@@ -602,6 +602,56 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(dp_run), abs=1e-6)
 
 
+def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
+    """Iterative MADPO (comparator history, replay of every iteration) and iterative MARLHF on 2 gloo
+    processes x 2 iterations == 1 process over the same 3 prompts (uneven shards: 2 + 1): each process
+    samples its prompts' candidates, every process builds and draws the same pairs, the gradients of
+    their shares are summed. Weights identical on both ranks and equal to the one-process run to
+    float32 rounding; MADPO's 2-process run pauses after iteration 1 and resumes."""
+    from test_preference import tiny
+
+    from baselines import madpo, marlhf
+
+    # float32 and rows computed whole, as in the MAGRPO comparison above.
+    common = dict(num_problems=3, threads=1, dtype="float32", share_prompts=False, iterative=True,
+                  num_eval_problems=0, num_candidates=3)
+    dpo = tiny(madpo, tiny_model_dir, tmp_path, run_name="madpo", comparator="history", replay="all_history",
+               **common)
+    rlhf = tiny(marlhf, tiny_model_dir, tmp_path, run_name="marlhf", **common)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"learner": "preference", "madpo": dataclasses.asdict(dpo),
+                                "marlhf": dataclasses.asdict(rlhf), "out": str(tmp_path / "dp")}))
+    threads = torch.get_num_threads()
+    launch = launch_workers(spec)
+    try:
+        length_bonus_reward()  # the workers' reward too (preference_worker): pairs need different rewards
+        madpo.main(dataclasses.replace(dpo, output_dir=str(tmp_path / "one")))
+        marlhf.main(dataclasses.replace(rlhf, output_dir=str(tmp_path / "one")))
+        output, _ = launch.communicate(timeout=240)
+    finally:
+        if launch.poll() is None:
+            os.killpg(launch.pid, signal.SIGKILL)
+            launch.wait()
+        torch.set_num_threads(threads)
+    assert launch.returncode == 0, output[-4000:]
+    for name in ("madpo", "marlhf"):
+        ranks = [all_policy_tensors(tmp_path / "dp" / f"{name}.rank{r}") for r in (0, 1)]
+        saved = all_policy_tensors(find_checkpoint(tmp_path / "dp" / name) / "policy")
+        reference = all_policy_tensors(find_checkpoint(tmp_path / "one" / name) / "policy")
+        assert ranks[0].keys() == ranks[1].keys() == saved.keys() == reference.keys() and reference
+        for key, ref in reference.items():
+            assert torch.equal(ranks[0][key], ranks[1][key]), f"{name}: ranks differ on {key}"
+            assert torch.equal(ranks[0][key], saved[key]), f"{name}: checkpoint differs from rank 0 on {key}"
+            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5, msg=f"{name}: {key}")
+        assert sum(float(v.abs().sum()) for k, v in reference.items() if "lora_B" in k) > 0
+        one, two = training_rows(tmp_path / "one" / name), training_rows(tmp_path / "dp" / name)
+        assert len(one) == len(two) == 2
+        for a, b in zip(one, two, strict=True):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (name, key)
+
+
 def parity_reward(monkeypatch=None) -> None:
     """Writing reward 10 for sources of odd length (+ a small bonus per character, so that returns differ):
     with termination_threshold=5 those problems' trees stop at the root while the others grow a second
@@ -711,6 +761,30 @@ def tree_worker(spec: dict) -> None:
     (out / f"depths.rank{rank}.json").write_text(json.dumps(depths))
 
 
+def preference_worker(spec: dict) -> None:
+    """One rank of ``test_preference_learners_two_processes_match_one``: MADPO paused after iteration 1
+    and resumed, then MARLHF straight through; each rank saves the policy it ends with."""
+    from baselines import madpo, marlhf
+
+    length_bonus_reward()
+    out = Path(spec["out"])
+    captured = {}
+    build = distributed.build_policy
+
+    def capture(*args, **kwargs):
+        captured["policy"] = build(*args, **kwargs)
+        return captured["policy"]
+
+    distributed.build_policy = capture
+    rank = int(os.environ["RANK"])
+    config = madpo.Config(**{**spec["madpo"], "output_dir": str(out)})
+    madpo.main(dataclasses.replace(config, num_iterations=1))
+    madpo.main(dataclasses.replace(config, resume=True))
+    captured["policy"].save(out / f"madpo.rank{rank}")
+    marlhf.main(marlhf.Config(**{**spec["marlhf"], "output_dir": str(out)}))
+    captured["policy"].save(out / f"marlhf.rank{rank}")
+
+
 def maac_worker(spec: dict) -> None:
     """One rank of ``test_maac_two_processes_match_one``: paused after iteration 1 and resumed; each
     rank saves the policy it ends with."""
@@ -790,6 +864,9 @@ def worker(spec_path: str) -> None:
         return
     if spec.get("learner") == "maac":
         maac_worker(spec)
+        return
+    if spec.get("learner") == "preference":
+        preference_worker(spec)
         return
     if spec.get("learner") == "tree":
         tree_worker(spec)
