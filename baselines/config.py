@@ -29,6 +29,14 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 
+def preset(config_class: Any, presets: Mapping[str, Mapping[str, Any]], name: str,
+           overrides: Mapping[str, Any] | None = None) -> Any:
+    """``config_class`` with the settings of ``presets[name]`` and ``overrides`` on top (``--preset``)."""
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(presets)}")
+    return dataclasses.replace(config_class(), **{**presets[name], **(overrides or {})})
+
+
 def check_ints(config: Any, minimum: dict[str, int]) -> None:
     """Raise ``ValueError`` quoting the first field of ``minimum`` that is not an int >= its minimum."""
     for name, low in minimum.items():

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 
 from baselines import distributed
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
 from baselines.metrics import reward_metrics
 from baselines.play import probe_env, team_env_kwargs
-from baselines.policy_gradient import kl_to_reference
+from baselines.policy_gradient import kl_to_reference, step_agent
 from baselines.preference import (
     COMPARATORS,
     REPLAYS,
@@ -393,13 +393,7 @@ def dpo_update(policy: Any, optimizers: Mapping[str, torch.optim.Optimizer], pai
     if stats["kl"]:
         out["losses/kl"] = float(np.sum(stats["kl"])) / len(agents)
     for a in agents:
-        params = policy.parameters(a)
-        distributed.all_reduce_grads(params, "sum")
-        if config.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-        optimizers[a].step()
+        norm = step_agent(policy, optimizers[a], a, config.max_grad_norm)
         optimizers[a].zero_grad(set_to_none=True)
         out[f"agent_{a}/delta"] = float(np.mean(share[a]))
         out[f"agent_{a}/grad_norm"] = float(norm)
@@ -586,11 +580,8 @@ def summary(result: Mapping[str, Any]) -> str:
 
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
-    import dataclasses
-
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return dataclasses.replace(Config(), **{**PRESETS[name], **(overrides or {})})
+    """A Config from ``PRESETS[name]`` with ``overrides`` on top."""
+    return preset(Config, PRESETS, name, overrides)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ loop (directory, logs, evaluations, checkpoints, Ctrl-C) in :mod:`baselines.run`
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import numpy as np
 import torch
 
 from baselines import distributed, tree
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
 from baselines.distributed import PLACEMENTS
 from baselines.metrics import reward_metrics
 from baselines.play import Turn, probe_env, rollout, team_env_kwargs
@@ -383,9 +382,7 @@ def summary(result: dict[str, Any]) -> str:
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
     """A Config from ``PRESETS[name]`` with ``overrides`` on top."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return dataclasses.replace(Config(), **{**PRESETS[name], **(overrides or {})})
+    return preset(Config, PRESETS, name, overrides)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from baselines import distributed
-from baselines.config import check_choice, check_ints, check_ranges
+from baselines.config import check_choice, check_ints, check_ranges, preset
 from baselines.critic import critic_inputs
 from baselines.madpo import (
     PreferenceConfig,
@@ -494,8 +494,7 @@ def summary(result: Mapping[str, Any]) -> str:
 
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-    return dataclasses.replace(Config(), **{**PRESETS[name], **(overrides or {})})
+    """A Config from ``PRESETS[name]`` with ``overrides`` on top."""
+    return preset(Config, PRESETS, name, overrides)
 
 

@@ -184,6 +184,19 @@ def response_kl(policy: Any, agent: str, gen: Any, config: Any) -> torch.Tensor:
     return sequence_kl(gen.logprobs.float().cpu(), ref.float().cpu(), gen.response_mask.cpu())
 
 
+def step_agent(policy: Any, optimizer: torch.optim.Optimizer, agent: str, max_grad_norm: float) -> float:
+    """The end of an agent's update: its gradients summed over processes, clipped to ``max_grad_norm``
+    (0: not clipped), one optimizer step. Returns the gradient norm before clipping."""
+    params = policy.parameters(agent)
+    distributed.all_reduce_grads(params, "sum")
+    if max_grad_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    else:
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+    optimizer.step()
+    return float(norm)
+
+
 def update_agent(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -272,13 +285,7 @@ def update_agent(
                 f"agent {agent!r}: non-finite loss {overall} at epoch {epoch}; lower learning_rate "
                 f"({config.learning_rate}) or check the rewards"
             )
-        params = policy.parameters(agent)
-        distributed.all_reduce_grads(params, "sum")
-        if config.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-        optimizer.step()
+        norm = step_agent(policy, optimizer, agent, config.max_grad_norm)
         stats["loss"].append(float(total.detach()))
         stats["grad_norm"].append(float(norm))
     # Gradients are not kept between updates: until this agent's next update they would only hold memory

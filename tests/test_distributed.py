@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -761,6 +762,20 @@ def tree_worker(spec: dict) -> None:
     (out / f"depths.rank{rank}.json").write_text(json.dumps(depths))
 
 
+def capture_policy(owner: Any, name: str) -> dict[str, Any]:
+    """Wrap the policy builder ``owner.<name>`` (in this worker process) so that the returned dict's
+    ``"policy"`` is the last policy it built, for the worker to save at the end."""
+    captured: dict[str, Any] = {}
+    build = getattr(owner, name)
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        captured["policy"] = build(*args, **kwargs)
+        return captured["policy"]
+
+    setattr(owner, name, capture)
+    return captured
+
+
 def preference_worker(spec: dict) -> None:
     """One rank of ``test_preference_learners_two_processes_match_one``: MADPO paused after iteration 1
     and resumed, then MARLHF straight through; each rank saves the policy it ends with."""
@@ -768,14 +783,7 @@ def preference_worker(spec: dict) -> None:
 
     length_bonus_reward()
     out = Path(spec["out"])
-    captured = {}
-    build = distributed.build_policy
-
-    def capture(*args, **kwargs):
-        captured["policy"] = build(*args, **kwargs)
-        return captured["policy"]
-
-    distributed.build_policy = capture
+    captured = capture_policy(distributed, "build_policy")
     rank = int(os.environ["RANK"])
     config = madpo.Config(**{**spec["madpo"], "output_dir": str(out)})
     madpo.main(dataclasses.replace(config, num_iterations=1))
@@ -792,14 +800,7 @@ def maac_worker(spec: dict) -> None:
     from baselines import maac
 
     out = Path(spec["out"])
-    captured = {}
-    build = agents.MultiAgentPolicy.from_pretrained
-
-    def capture(*args, **kwargs):
-        captured["policy"] = build(*args, **kwargs)
-        return captured["policy"]
-
-    agents.MultiAgentPolicy.from_pretrained = capture
+    captured = capture_policy(agents.MultiAgentPolicy, "from_pretrained")
     rank = int(os.environ["RANK"])
     config = maac.Config(**{**spec["config"], "output_dir": str(out)})
     first = maac.main(dataclasses.replace(config, num_iterations=1))
@@ -815,14 +816,7 @@ def ppo_worker(spec: dict) -> None:
     from baselines import cory, ppo
 
     out = Path(spec["out"])
-    captured = {}
-    build = agents.MultiAgentPolicy.from_pretrained
-
-    def capture(*args, **kwargs):
-        captured["policy"] = build(*args, **kwargs)
-        return captured["policy"]
-
-    agents.MultiAgentPolicy.from_pretrained = capture
+    captured = capture_policy(agents.MultiAgentPolicy, "from_pretrained")
     rank = int(os.environ["RANK"])
     config = ppo.Config(**{**spec["configs"]["ppo"], "output_dir": str(out)})
     first = ppo.main(dataclasses.replace(config, num_iterations=1))
@@ -840,14 +834,7 @@ def team_worker(spec: dict) -> None:
     from baselines import magrpo
 
     out = Path(spec["out"])
-    captured = {}
-    build = distributed.build_policy
-
-    def capture(*args, **kwargs):
-        captured["policy"] = build(*args, **kwargs)
-        return captured["policy"]
-
-    distributed.build_policy = capture
+    captured = capture_policy(distributed, "build_policy")
     length_bonus_reward()
     magrpo.main(magrpo.Config(**{**spec["config"], "output_dir": str(out)}))
     captured["policy"].save(out / f"team.rank{os.environ['RANK']}")
@@ -875,14 +862,7 @@ def worker(spec_path: str) -> None:
         team_worker(spec)
         return
     out = Path(spec["out"])
-    captured = {}
-    build = distributed.build_policy
-
-    def capture(*args, **kwargs):
-        captured["policy"] = build(*args, **kwargs)
-        return captured["policy"]
-
-    distributed.build_policy = capture
+    captured = capture_policy(distributed, "build_policy")
     rank = int(os.environ["RANK"])
 
     def dump(name: str) -> None:
