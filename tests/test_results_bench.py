@@ -202,10 +202,17 @@ def test_quick_preference_records_reuse_magrpo_and_render(
     """The preference comparison: its MAGRPO team is the magrpo comparison's record (run there once,
     read from there), its centralised and MADPO runs are its own."""
     out, runs = tmp_path / "records", tmp_path / "runs"
+    # The magrpo comparison's record of the team (its runs are tested above): written by hand here.
+    record = {"comparison": "magrpo", "method": "magrpo", "label": "MAGRPO, parallel", "seed": 0, "wall_s": 1.0,
+              "load_average_1min": {"start": 0.0, "end": 0.0}, "finished": "now", "commit": None, "curve": {},
+              "eval": {"total": 1.5}, "eval_before": {"total": 0.5}}
+    (out / "magrpo").mkdir(parents=True)
+    (out / "magrpo" / "magrpo__s0.json").write_text(json.dumps(record))
     argv = ["run", "preference", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
             "--threads", "1", "--methods", "magrpo", "madpo"]
     assert results.main(argv) == 0
-    assert (out / "magrpo" / "magrpo__s0.json").is_file() and (out / "preference" / "madpo__s0.json").is_file()
+    assert last_json(capsys)["skipped"] == ["magrpo__s0.json"]  # the team's record is read, not run again
+    assert (out / "preference" / "madpo__s0.json").is_file()
     records = {r["method"]: r for r in results.load_records(out, "preference")}
     assert set(records) == {"magrpo", "madpo"} and records["magrpo"]["reused_from"] == "magrpo"
     madpo = records["madpo"]
