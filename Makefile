@@ -21,14 +21,20 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/llm-envs train magrpo --preset demo
 
+# The suite runs in WORKERS processes (pytest-xdist), one torch thread each, a file's tests in one process
+# (its session fixtures built once): on 2 cores this beats one process of 2 threads, whose small
+# tiny-model ops do not split well over threads. WORKERS=1 runs it in this process.
+WORKERS ?= $(shell python3 -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))" 2>/dev/null || echo 1)
+XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(XDIST)
 
 test-avx2: $(STAMP)
 	$(AVX2) HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(NUMERICS_TESTS)
 
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(XDIST)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
