@@ -54,11 +54,12 @@ def critic_inputs(
     return ids, mask
 
 
-def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(N,) the critic's estimate after reading the whole joint turn: the value of the state before a
-    one-token probe response (the pad id, masked in), i.e. after the last input token."""
-    probe = torch.full((len(ids), 1), policy.pad_token_id, dtype=torch.long)
-    return policy.values(CRITIC, ids, mask, probe, torch.ones_like(probe))[:, 0]
+def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor, adapter: str = CRITIC) -> torch.Tensor:
+    """(N,) the estimate of ``adapter``'s value head after reading the whole joint turn: the value of the
+    state before a one-token probe response (the pad id, masked in), i.e. after the last input token.
+    MAAC's critic, and MARLHF's reward model (``adapter="reward_model"``)."""
+    probe = torch.full((len(ids), 1), policy.pad_token_id_of(adapter), dtype=torch.long)
+    return policy.values(adapter, ids, mask, probe, torch.ones_like(probe))[:, 0]
 
 
 def central_context(

@@ -108,6 +108,11 @@ class PreferenceConfig(LearnerConfig):
     """Updates (batches of pairs) per iteration."""
     micro_batch_pairs: int = 4
     """Pairs per forward/backward (gradient accumulation; the same gradient up to rounding)."""
+    micro_batch_size: int = 0
+    """Sampled rows per pass of the reference forward (the KL in the reward) and of MARLHF's RL update
+    (0: all)."""
+    micro_batch_tokens: int = 2048
+    """Token budget of those passes (as MAGRPO's)."""
     kl_coef: float = 0.0
     """Weight of the KL to the reference (k3 estimator; the reference: adapters off). 0: none."""
     kl_in: Literal["reward", "loss"] = "loss"
@@ -119,7 +124,7 @@ class PreferenceConfig(LearnerConfig):
         super().__post_init__()
         check_ints(self, {"num_candidates": 1, "num_prompts": 1, "num_problems": 1, "pairs_per_prompt": 1,
                           "comparator_history": 1, "replay_k": 1, "batch_pairs": 1, "updates_per_iteration": 1,
-                          "micro_batch_pairs": 1})
+                          "micro_batch_pairs": 1, "micro_batch_size": 0, "micro_batch_tokens": 0})
         check_choice(self, "pair_selection", SELECTIONS)
         check_choice(self, "comparator", COMPARATORS)
         check_choice(self, "replay", REPLAYS)
@@ -210,7 +215,6 @@ class Team:
         self.initial = self.snapshot()
         self.history: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.comparator_policy = None
-        self.last_team_candidates: Candidates | None = None
         self.last_venv: Any = None
         if config.iterative and config.comparator == "model":
             self.comparator_policy = self._comparator_model()
@@ -289,10 +293,8 @@ class Team:
         """The rewards that rank candidates: the task's, minus kl_coef x the sequence KL with kl_in=reward."""
         config = self.config
         if config.kl_coef > 0 and config.kl_in == "reward":
-            if which == "model":
-                return cands.rewards - config.kl_coef * candidate_kl(self.comparator_policy, cands,
-                                                                     config.scoring_temperature)
-            return cands.rewards - config.kl_coef * candidate_kl(self.policy, cands, config.scoring_temperature)
+            policy = self.comparator_policy if which == "model" else self.policy
+            return cands.rewards - config.kl_coef * candidate_kl(policy, cands, config)
         return cands.rewards
 
     def gathered(self, cands: Candidates, rewards: np.ndarray) -> list[PromptCandidates]:
@@ -420,16 +422,16 @@ def collect_offline(team: Team, run: Run, config: PreferenceConfig) -> tuple[lis
 
 def iterative_pairs(
     team: Team, run: Run, config: PreferenceConfig, iteration: int
-) -> tuple[list[int], list[Pair], dict[str, float]]:
+) -> tuple[list[int], list[Pair], dict[str, float], Candidates]:
     """The iterative form's pairs of one iteration: the comparator's candidates first, then the team's
-    (the envs keep the team's episodes for the transcripts)."""
+    (the envs keep the team's episodes for the transcripts). Returns the problems, the pairs, the
+    metrics and this process's team candidates (MARLHF's RL stage trains on them)."""
     problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
                                                 replace=team.n_train < config.num_problems)]
     which = config.comparator
     other = team.candidates(problems, iteration, stream=1, which=which)
     other_r = team.penalised(other, which)
     mine = team.candidates(problems, iteration, stream=0)
-    team.last_team_candidates = mine  # MARLHF's RL stage trains on these
     mine_r = team.penalised(mine)
     pairs = team.matched(team.gathered(mine, mine_r), team.gathered(other, other_r), iteration, run.rng)
     mine_r, other_r = distributed.gather_rows(mine_r), distributed.gather_rows(other_r)
@@ -441,7 +443,7 @@ def iterative_pairs(
         "pref/new_pairs": float(len(pairs)),
         "charts/reward_std": float(np.std(distributed.gather_rows(mine.rewards))),
     })
-    return problems, pairs, metrics
+    return problems, pairs, metrics, mine
 
 
 def preference_dir(run: Run) -> Path:
@@ -477,7 +479,7 @@ def main(config: Config) -> dict[str, Any]:
             t0 = time.perf_counter()
             metrics = {}
             if config.iterative:
-                problems, pairs, metrics = iterative_pairs(team, run, config, iteration)
+                problems, pairs, metrics, _ = iterative_pairs(team, run, config, iteration)
                 if config.reference_term:
                     attach_reference(policy, pairs, config.scoring_temperature, config.micro_batch_pairs)
                 buffer.add(iteration, pairs)

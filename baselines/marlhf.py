@@ -33,7 +33,7 @@ import torch
 
 from baselines import distributed
 from baselines.config import check_choice, check_ints, check_ranges, preset
-from baselines.critic import critic_inputs
+from baselines.critic import critic_inputs, critic_values
 from baselines.madpo import (
     PreferenceConfig,
     Team,
@@ -84,16 +84,11 @@ class Config(PreferenceConfig):
     """token-mean or sequence-sum (as MAGRPO)."""
     num_epochs: int = 1
     """RL updates per batch (above 1 the ratio is clipped, as MAGRPO)."""
-    micro_batch_size: int = 0
-    """RL update rows per forward/backward (0: all)."""
-    micro_batch_tokens: int = 2048
-    """RL update token budget per forward/backward (as MAGRPO)."""
     learning_rate: float = 1e-4
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_ints(self, {"rm_epochs": 1, "rm_batch_pairs": 1, "num_epochs": 1, "micro_batch_size": 0,
-                          "micro_batch_tokens": 0})
+        check_ints(self, {"rm_epochs": 1, "rm_batch_pairs": 1, "num_epochs": 1})
         check_ranges(self, {"rm_learning_rate": (self.rm_learning_rate > 0, "> 0"),
                             "rm_holdout": (0 <= self.rm_holdout < 1, "in [0, 1)")})
         check_choice(self, "rl_learner", ("magrpo", "ppo", "maac"))
@@ -134,10 +129,9 @@ def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tu
 
 
 def reward_scores(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(N,) the reward model's score of each row: its scalar head on the hidden state after the last
-    input token (the value before a masked-in one-token probe)."""
-    probe = torch.full((len(ids), 1), policy.pad_token_id_of(REWARD_MODEL), dtype=torch.long)
-    return policy.values(REWARD_MODEL, ids, mask, probe, torch.ones_like(probe))[:, 0].float()
+    """(N,) the reward model's score of each row (float32): its scalar head on the hidden state after the
+    last input token (:func:`baselines.critic.critic_values` of the ``reward_model`` adapter)."""
+    return critic_values(policy, ids, mask, adapter=REWARD_MODEL).float()
 
 
 @torch.no_grad()
@@ -428,7 +422,7 @@ def main(config: Config) -> dict[str, Any]:
             metrics = {}
             if config.iterative:
                 # New pairs: the reward model's accuracy on them before it learns them, then its update.
-                problems, pairs, metrics = iterative_pairs(team, run, config, iteration)
+                problems, pairs, metrics, cands = iterative_pairs(team, run, config, iteration)
                 metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch)
                 buffer.add(iteration, pairs)
                 rm = {"losses/reward_model": [], "pref/rm_train_accuracy": []}
@@ -441,7 +435,6 @@ def main(config: Config) -> dict[str, Any]:
                         rm["losses/reward_model"].append(stats["loss"])
                         rm["pref/rm_train_accuracy"].append(stats["accuracy"])
                 metrics.update({k: float(np.mean(v)) for k, v in rm.items() if v})
-                cands = team.last_team_candidates
             else:
                 metrics.update(run.extra.get("collected", {}))
                 problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
@@ -452,7 +445,7 @@ def main(config: Config) -> dict[str, Any]:
             # RL on the learned reward: MAGRPO's group-relative update of every agent.
             learned = learned_rewards(policy, cands, agents)
             if config.kl_coef > 0 and config.kl_in == "reward":
-                learned = learned - config.kl_coef * candidate_kl(policy, cands, config.scoring_temperature)
+                learned = learned - config.kl_coef * candidate_kl(policy, cands, config)
             rewards = torch.tensor(learned, dtype=torch.float32).view(-1, config.num_candidates)
             adv = group_advantages(rewards, config.baseline, config.normalize_std).reshape(-1, 1)
             turn = Turn(prompts={a: (cands.gens[a].prompt_ids, cands.gens[a].prompt_mask) for a in agents},

@@ -305,12 +305,8 @@ def sequence_logprob_sums(policy: Any, agent: str, rows: tuple[torch.Tensor, ...
     return fn(agent, *rows, temperature=temperature).sum(1)
 
 
-def split_response(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The response tokens of one row (mask 1), as a 1-D CPU tensor."""
-    return ids[mask.bool()].detach().to("cpu", torch.long).clone()
-
-
-def prompt_tokens(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def row_tokens(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The tokens of one padded row (mask 1), as a 1-D CPU tensor of its own."""
     return ids[mask.bool()].detach().to("cpu", torch.long).clone()
 
 
@@ -327,11 +323,11 @@ class Candidates:
 
     def row_prompt(self, agent: str, row: int) -> torch.Tensor:
         g = self.gens[agent]
-        return prompt_tokens(g.prompt_ids[row], g.prompt_mask[row])
+        return row_tokens(g.prompt_ids[row], g.prompt_mask[row])
 
     def row_response(self, agent: str, row: int) -> torch.Tensor:
         g = self.gens[agent]
-        return split_response(g.response_ids[row], g.response_mask[row])
+        return row_tokens(g.response_ids[row], g.response_mask[row])
 
 
 @dataclass
@@ -386,18 +382,13 @@ def sample_candidates(
     return Candidates(gens, np.asarray(rewards[agents[0]], dtype=np.float64), infos, num_samples)
 
 
-def candidate_kl(policy: Any, cands: Candidates, temperature_of: Any) -> np.ndarray:
-    """(rows,) the summed per-agent sequence KL to the reference of every joint candidate, k3 per token
-    (exp(d) - d - 1, d = log ref - log pi) from the sampling-time log-probs, summed over each agent's
-    response tokens and over agents."""
-    from baselines.policy_gradient import sequence_kl
+def candidate_kl(policy: Any, cands: Candidates, config: Any) -> np.ndarray:
+    """(rows,) the summed per-agent sequence KL to the reference of every joint candidate
+    (:func:`baselines.policy_gradient.response_kl`: k3 per token from the sampling-time log-probs, summed
+    over each agent's response, in passes bounded by ``config``'s micro-batch settings), summed over agents."""
+    from baselines.policy_gradient import response_kl
 
-    total = np.zeros(len(cands.rewards))
-    for agent, g in cands.gens.items():
-        ref = policy.ref_logprobs(agent, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask,
-                                  temperature=temperature_of(agent))
-        total += sequence_kl(g.logprobs.to(ref.device), ref, g.response_mask.to(ref.device)).double().cpu().numpy()
-    return total
+    return sum(response_kl(policy, a, g, config).double().numpy() for a, g in cands.gens.items())
 
 
 @torch.no_grad()
