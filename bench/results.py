@@ -314,6 +314,7 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
         "flags": flags_of(m, comparison, quick), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
         "load_average_1min": {"start": load[0], "end": load[1]}, "commit": git_commit(),
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": run_machine(argv),
     }
     if m.learner == "eval":
         result = json.loads(stdout[stdout.index("{"):])  # `llm-envs eval` prints one JSON object
@@ -333,6 +334,25 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
             for model in m.models
         }
     return record
+
+
+def run_machine(argv: Sequence[str]) -> dict[str, Any]:
+    """The CPU, its ISA flags, any kernel restriction and the dtype a record's run used (``auto``: what
+    ``resolve_dtype`` picks here), with the run's own ``--threads``: results move with the kernels."""
+    from agents.models import machine_description
+
+    machine = machine_description(argv[argv.index("--dtype") + 1] if "--dtype" in argv else "auto")
+    if "--threads" in argv:
+        machine["threads"] = int(argv[argv.index("--threads") + 1])
+    return machine
+
+
+def machine_label(record: Mapping[str, Any]) -> str:
+    """``CPU model (isa flags), dtype`` of a record, or ``—`` for records written before runs named it."""
+    machine = record.get("machine")
+    if not machine:
+        return "—"
+    return f"{machine['cpu']} ({' '.join(machine['isa'])}), {machine['dtype']}"
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -637,14 +657,15 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     lines.append("")
     lines.append("Records (one per method and seed; wall = seconds of that run on the shared 2-core machine):")
     lines.append("")
-    lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit | machine, dtype |")
+    lines.append("|---|---|---|---|---|---|---|")
     for r in sorted(records, key=lambda r: (r["method"], r["seed"])):
         load = r["load_average_1min"]
         name = f"{r['method']}__s{r['seed']}"
         link = f"results/{r.get('reused_from', comparison)}/{name}.json"
         lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
-                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} |")
+                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} | "
+                     f"{machine_label(r)} |")
     missing = missing_records(out, comparison)
     lines.append("")
     if missing:
