@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from agents.memory import file_mapped_ranges
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.model_type`` values the hand-written decoder covers."""
 
@@ -212,10 +214,14 @@ class FusedDecoder:
         reads its weights from a mapping of the file; once the fused weights are copies, the mapping
         would keep the originals of q/k/v and gate/up resident beside them (140 MB of a 135M model in
         bf16). Copying the rest lets the mapping go: the base then costs its size once."""
+        mapped = file_mapped_ranges()  # None: not known here, so every weight is copied
         with torch.no_grad():
             for tensor in [*self.causal_lm.parameters(), *self.causal_lm.buffers()]:
                 if not tensor.is_cpu or tensor.requires_grad or tensor.untyped_storage().nbytes() > tensor.nbytes:
                     continue  # device memory, an adapter, or a view of a fused weight: already owned
+                pointer = tensor.data_ptr()
+                if mapped is not None and not any(lo <= pointer < hi for lo, hi in mapped):
+                    continue  # in memory of its own (agents.models.read_weights_into): a copy would only cost time
                 tensor.data = tensor.data.clone()
 
     @staticmethod

@@ -191,7 +191,18 @@ class RolloutEngine(FusedDecoder):
 
         # Every sample row gets its prompt's cache.
         sample_source = prefill_of_row.repeat_interleave(g)  # (N,)
-        caches = [(k[sample_source], v[sample_source]) for k, v in pre_caches]
+        # One layer at a time, each prefill cache freed once copied: the two sets of caches never coexist
+        # (an evaluation's prefill rows are its sample rows, and their caches were its largest tensors).
+        # Where every row is its own prefill row (one sample per distinct prompt), nothing is copied.
+        identity = len(sample_source) == len(pre_ids) and bool(
+            torch.equal(sample_source, torch.arange(len(pre_ids), device=device))
+        )
+        caches = []
+        for i in range(len(pre_caches)):
+            k, v = pre_caches[i]
+            pre_caches[i] = None
+            caches.append((k, v) if identity else (k[sample_source], v[sample_source]))
+            del k, v
         del pre_caches
         block_rows = [r for r, c in zip(row_blocks, pre_counts) if c > 0]
         last = last[sample_source]

@@ -21,11 +21,16 @@ import ctypes.util
 import functools
 import os
 import sys
+from pathlib import Path
 
 ALLOCATOR_ENV = "LLM_ENVS_TUNE_MALLOC"
 """Set to ``0`` to leave glibc's allocator settings alone (:func:`tune_allocator` then does nothing)."""
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 """Allocations below this come from the heap and are reused (glibc's largest allowed value)."""
+FLOAT32_MMAP_THRESHOLD_BYTES = 2**20
+"""The same for a float32 base on the CPU: its activations are twice bf16's, and what glibc keeps of
+them between the update's passes took `make demo` to 1.70 GB (float32, AVX2 kernels; 1.34 GB of it
+live). Blocks from 1 MiB up are mapped and handed back when freed: training then peaks at 1.35 GB."""
 TRIM_THRESHOLD_BYTES = 64 * 2**20
 """Free memory at the top of the heap kept for reuse before glibc trims it on its own."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
@@ -51,11 +56,16 @@ def _malloc_trim():
     return None if libc is None else libc.malloc_trim
 
 
-@functools.lru_cache(maxsize=1)
-def tune_allocator() -> bool:
-    """Keep large freed blocks (up to :data:`MMAP_THRESHOLD_BYTES`) in glibc's heap for reuse instead of
-    unmapping them, once per process: :class:`~agents.policy.MultiAgentPolicy` calls it. Returns
-    whether the settings were applied (``False`` off glibc, or with ``LLM_ENVS_TUNE_MALLOC=0``).
+_tuned: list[int] = []  # the mmap threshold this process set, once set
+
+
+def tune_allocator(float32: bool = False) -> bool:
+    """Keep large freed blocks in glibc's heap for reuse instead of unmapping them: up to
+    :data:`MMAP_THRESHOLD_BYTES`, or :data:`FLOAT32_MMAP_THRESHOLD_BYTES` when ``float32`` (a float32
+    base on the CPU, whose larger working set is what the heap would keep). Set once per process: the
+    first policy decides, except that a later float32 base lowers the threshold (memory wins over
+    reuse). :class:`~agents.policy.MultiAgentPolicy` calls it. Returns whether settings are applied
+    (``False`` off glibc, or with ``LLM_ENVS_TUNE_MALLOC=0``).
 
     Measured on SmolLM2-135M in bfloat16 (2 threads), one agent's forward + backward over 4 x 90
     tokens: 0.77 s with glibc's defaults, 0.62 s tuned (0.59 s with a 256 MB trim threshold, but
@@ -69,9 +79,15 @@ def tune_allocator() -> bool:
     libc = _libc()
     if libc is None:
         return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+    threshold = FLOAT32_MMAP_THRESHOLD_BYTES if float32 else MMAP_THRESHOLD_BYTES
+    if _tuned and _tuned[-1] <= threshold:
+        return True
+    applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
+    if applied:
+        _tuned.append(threshold)
+    return applied
 
 
 def release_memory() -> bool:
@@ -82,3 +98,19 @@ def release_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def file_mapped_ranges() -> list[tuple[int, int]] | None:
+    """The address ranges of this process that map a file (``/proc/self/maps``: safetensors weights
+    that ``from_pretrained`` left mapped, shared libraries), or ``None`` where that is not known."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    ranges = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[4] != "0" and fields[5].startswith("/"):
+            lo, _, hi = fields[0].partition("-")
+            ranges.append((int(lo, 16), int(hi, 16)))
+    return ranges

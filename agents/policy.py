@@ -130,7 +130,6 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         device: str | torch.device | Mapping[str, str | torch.device | None] | None = None,
     ) -> None:
         self.agents: tuple[str, ...] = check_agent_names(agents)
-        tune_allocator()  # large activations reused, not page-faulted in again (agents/memory.py)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         loras = per_agent(lora, self.agents, "lora")
@@ -159,6 +158,9 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
 
         devices = per_agent(device, self.agents, "device", kinds=(str, torch.device))
         models = resolve_models(per_agent(model, self.agents, "model"), dtype, devices)
+        # Large activations reused, not page-faulted in again, up to a size that a float32 base's working
+        # set can afford (agents/memory.py).
+        tune_allocator(float32=any(_cpu_float32(m) for m in models.values()))
         tokenizers = per_agent(tokenizer, self.agents, "tokenizer")
         named: dict[str, Any] = {}
         for agent, tok in tokenizers.items():
@@ -381,3 +383,9 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         if len(p_ids) != len(r_ids):
             raise ValueError(f"{len(p_ids)} prompts but {len(r_ids)} responses; they must pair row by row")
         return p_ids, p_mask, r_ids, r_mask
+
+
+def _cpu_float32(model: Any) -> bool:
+    """Whether ``model``'s base computes in float32 on the CPU."""
+    weight = model.get_input_embeddings().weight
+    return weight.is_cpu and weight.dtype == torch.float32

@@ -361,6 +361,37 @@ def test_the_base_owns_its_weights_once_fused(tokenizer, tmp_path):
     assert not mapped, mapped
 
 
+def test_local_weights_are_read_into_memory_of_their_own(tokenizer, tmp_path):
+    """A local safetensors checkpoint is read tensor by tensor (no file mapping), so copying the weights
+    later never holds the mapped pages beside the copies; the values are the checkpoint's."""
+    from agents.memory import file_mapped_ranges
+    from agents.models import load_model, read_weights_into
+
+    reference = tiny_model(tokenizer)
+    reference.save_pretrained(tmp_path)
+    model = load_model(tmp_path, dtype=torch.float32)
+    mapped = file_mapped_ranges()
+    assert mapped is not None or os.uname().sysname != "Linux"
+    expected = reference.state_dict()
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[key], atol=0, rtol=0)
+        if mapped is not None:
+            assert not any(lo <= tensor.data_ptr() < hi for lo, hi in mapped), key
+    if os.path.exists("/proc/self/maps"):
+        assert str(tmp_path) not in open("/proc/self/maps").read()
+    # A checkpoint that is not exactly the model's (one layer more here) is left to from_pretrained's path.
+    from transformers import AutoModelForCausalLM
+
+    config = reference.config.to_dict()
+    config["num_hidden_layers"] += 1
+    other = AutoModelForCausalLM.from_config(type(reference.config).from_dict(config))
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert read_weights_into(other, tmp_path) == 0
+    for key, tensor in other.state_dict().items():
+        torch.testing.assert_close(tensor, before[key], atol=0, rtol=0)
+    assert read_weights_into(model, tmp_path / "missing") == 0
+
+
 def test_release_memory_runs():
     from agents.memory import release_memory
 
@@ -376,7 +407,7 @@ FAULTS_PROBE = """
 import json, os, resource, sys
 import torch
 from agents.memory import tune_allocator
-applied = tune_allocator()
+applied = tune_allocator(float32=sys.argv[1] == "float32")
 def touch():  # a pass's activations: three 16 MB blocks written, then freed
     blocks = [torch.empty(4 * 2**20, dtype=torch.float32).fill_(1.0) for _ in range(3)]
     del blocks
@@ -397,18 +428,22 @@ def test_tuned_allocator_reuses_large_blocks_instead_of_faulting_them_in_again()
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("tune_allocator acts on glibc's malloc only")
     runs = {}
-    for setting in ("1", "0"):
+    for setting, base in (("1", "bfloat16"), ("0", "bfloat16"), ("1", "float32")):
         env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": setting, "PYTHONPATH": str(ROOT)}
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
         env.pop("MALLOC_TRIM_THRESHOLD_", None)
-        out = subprocess.run([sys.executable, "-c", FAULTS_PROBE], env=env, capture_output=True, text=True, check=True)
-        runs[setting] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert runs["1"]["applied"] is True and runs["0"]["applied"] is False
+        out = subprocess.run([sys.executable, "-c", FAULTS_PROBE, base], env=env, capture_output=True, text=True,
+                             check=True)
+        runs[setting, base] = json.loads(out.stdout.strip().splitlines()[-1])
+    tuned, default, float32 = runs["1", "bfloat16"], runs["0", "bfloat16"], runs["1", "float32"]
+    assert tuned["applied"] is True and default["applied"] is False and float32["applied"] is True
     pages = 10 * 48 * 2**20 // os.sysconf("SC_PAGE_SIZE")
     # Tuned: the freed blocks are reused (at most one block is faulted in again over the 10 rounds);
     # glibc's defaults hand some back to the OS, more or fewer from run to run (its thresholds adapt).
-    assert runs["1"]["faults"] < pages // 20, runs
-    assert runs["0"]["faults"] > 2 * runs["1"]["faults"], runs
+    assert tuned["faults"] < pages // 20, runs
+    assert default["faults"] > 2 * tuned["faults"], runs
+    # For a float32 base, 16 MB blocks are above the threshold: mapped and handed back every time.
+    assert float32["faults"] > pages * 9 // 10, runs
 
 
 def test_bucketed_lengths_bound_the_shapes_and_keep_results(tokenizer):
