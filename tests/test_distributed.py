@@ -286,7 +286,8 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
             # near AdamW's eps, where a step's size follows the rounding of the gradient: the two runs sum
             # positions in different orders (one pass against two ranks' passes and an all-reduce). Measured
             # worst elements: 9.4e-6 with padded passes, 1.9e-5 with packed ones; the rest agree to ~1e-6.
-            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5, msg=f"{name}: {key}")
+            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5,
+                                       msg=lambda m, name=name, key=key: f"{name}: {key}: {m}")
             moved += float(ref.abs().sum()) if "lora_B" in key else 0.0
         assert moved > 0  # the adapters were trained (LoRA B starts at zero)
         rows_one, rows_dp = training_rows(tmp_path / "one" / name), training_rows(tmp_path / "dp" / name)
@@ -530,7 +531,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
             # near AdamW's eps, where a step's size follows the rounding of the gradient: the two runs sum
             # positions in different orders (one pass against two ranks' passes and an all-reduce). Measured
             # worst elements: 9.4e-6 with padded passes, 1.9e-5 with packed ones; the rest agree to ~1e-6.
-            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5, msg=f"{name}: {key}")
+            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5,
+                                       msg=lambda m, name=name, key=key: f"{name}: {key}: {m}")
         assert sum(float(v.abs().sum()) for k, v in reference.items() if "lora_B" in k) > 0  # trained
 
         rows_one, rows_dp = rows(one_run), rows(dp_run)
@@ -643,7 +645,8 @@ def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
         for key, ref in reference.items():
             assert torch.equal(ranks[0][key], ranks[1][key]), f"{name}: ranks differ on {key}"
             assert torch.equal(ranks[0][key], saved[key]), f"{name}: checkpoint differs from rank 0 on {key}"
-            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5, msg=f"{name}: {key}")
+            torch.testing.assert_close(saved[key], ref, rtol=1e-4, atol=5e-5,
+                                       msg=lambda m, name=name, key=key: f"{name}: {key}: {m}")
         assert sum(float(v.abs().sum()) for k, v in reference.items() if "lora_B" in k) > 0
         one, two = training_rows(tmp_path / "one" / name), training_rows(tmp_path / "dp" / name)
         assert len(one) == len(two) == 2

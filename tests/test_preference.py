@@ -242,7 +242,7 @@ def test_madpo_iterative_smoke(tiny_model_dir, tmp_path, comparator, extra):
 
 
 @pytest.mark.parametrize(("iterative", "rl"), [(False, "magrpo"), (True, "magrpo"), (False, "ppo"), (False, "maac")])
-def test_marlhf_smoke(tiny_model_dir, tmp_path, iterative, rl):
+def test_marlhf_smoke(tiny_model_dir, tmp_path, iterative, rl, varied_writing_reward):
     extra = {"comparator": "history"} if iterative else {}
     if rl == "ppo":
         extra["rl_args"] = ("batch_size=4", "minibatch_size=4", "num_ppo_epochs=1")
