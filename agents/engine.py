@@ -194,9 +194,7 @@ class RolloutEngine(FusedDecoder):
         # One layer at a time, each prefill cache freed once copied: the two sets of caches never coexist
         # (an evaluation's prefill rows are its sample rows, and their caches were its largest tensors).
         # Where every row is its own prefill row (one sample per distinct prompt), nothing is copied.
-        identity = len(sample_source) == len(pre_ids) and bool(
-            torch.equal(sample_source, torch.arange(len(pre_ids), device=device))
-        )
+        identity = torch.equal(sample_source, torch.arange(len(pre_ids), device=device))  # False if sizes differ
         caches = []
         for i in range(len(pre_caches)):
             k, v = pre_caches[i]

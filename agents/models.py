@@ -356,8 +356,10 @@ def read_weights_into(model: Any, directory: Path) -> int:
                 handles.update({key: handle for key in handle.keys()})
         except (OSError, TypeError, ValueError):  # an older safetensors (no pread backend), or a bad file
             return 0
-        shared = {key for key in tensors if key not in handles and _is_tied(model, key)}
-        if set(tensors) - shared != set(handles):
+        # A tied weight (the LM head sharing the embedding) is saved once: its other names are the same tensor.
+        tied = {key for key in tensors if key not in handles and any(tensors[key] is tensors[k] for k in handles
+                                                                      if k in tensors)}
+        if set(tensors) - tied != set(handles):
             return 0
         for key, handle in handles.items():
             meta = handle.get_slice(key)
@@ -375,15 +377,3 @@ _TORCH_OF = {"F32": "torch.float32", "BF16": "torch.bfloat16", "F16": "torch.flo
              "I64": "torch.int64", "I32": "torch.int32", "I16": "torch.int16", "I8": "torch.int8",
              "U8": "torch.uint8", "BOOL": "torch.bool"}
 """safetensors' dtype names as torch prints them."""
-
-
-def _is_tied(model: Any, key: str) -> bool:
-    """Whether ``key`` is the output embedding tied to the input one (saved once, under the input's name)."""
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    return (output is not None and inputs is not None and key.endswith("weight")
-            and output.weight is inputs.weight and key.rsplit(".", 1)[0] == _module_name(model, output))
-
-
-def _module_name(model: Any, module: Any) -> str | None:
-    return next((name for name, m in model.named_modules() if m is module), None)
