@@ -30,7 +30,12 @@ the tokenizer's ids only (``token_count``): an LM head with more rows than the t
 
 Draws use one uniform number per row and step (inverse-CDF sampling): from torch's global generator,
 or, when ``seeds`` are given, from one generator per row seeded from (seed, agent, sample), so a row's
-samples do not depend on what else is in the batch (data-parallel ranks, PPO's per-episode seeds).
+random numbers do not depend on what else is in the batch (data-parallel ranks, PPO's per-episode seeds).
+Its logits may, to float32 rounding: a matmul can round a row differently in batches of different
+row counts (most pairs of sizes with AVX2's kernels, few with AVX-512's; docs/agents.md). A draw over a
+flat distribution (no top-k, top-p 1, an untrained model's 49k near-equal tokens) can turn such a ~1e-6
+difference into another token; over truncated distributions (the learners' defaults: top-k 50, top-p
+0.9) the chance is about the rounding over the drawn token's probability.
 
 Models of other architectures (GPT-2, OPT, Phi, Qwen3, Gemma, ...), or adapters the engine does not
 implement (DoRA, rank-stabilised scaling is fine), use ``transformers``' ``generate`` instead
