@@ -29,6 +29,14 @@ from baselines.distributed import DistInfo
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The runs compared below sample with top-k 10. A float32 matmul rounds a row differently in batches
+# of different row counts (AVX2's kernels for most pairs of sizes, AVX-512's for a few; docs/agents.md),
+# and one process samples all the prompts in one batch where the ranks sample their shares. An
+# inverse-CDF draw over the tiny model's near-uniform 49k-token distribution (token probabilities
+# ~2e-5) turns that ~1e-6 into a different token now and then (measured: one token of MADPO's first
+# rollout with AVX2's kernels); over 10 candidates (~0.1 each) the chance is ~1e-5 a token.
+TOP_K = 10
+
 
 # ----------------------------------------------------------------------------------------- one process
 def test_single_process_helpers_are_identity(monkeypatch):
@@ -149,7 +157,7 @@ def test_generate_per_group_does_not_depend_on_the_batch(tiny_policy):
     """The samples of a group are the same alone and next to other groups (what makes ranks agree)."""
     ids, mask = prompt_batch(6, seed=1)
     prompts = {a: (ids, mask) for a in tiny_policy.agents}
-    sampling = dict(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=0)
+    sampling = dict(max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=TOP_K)
     state = torch.get_rng_state()
     full = distributed.generate_per_group(tiny_policy, prompts, 2, [11, 22, 33], **sampling)
     assert torch.equal(torch.get_rng_state(), state)  # the global stream is untouched
@@ -247,7 +255,7 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     # shared prompts the first update already differs by ~1e-5 (Adam's steps amplify rounding where a
     # gradient is near zero), enough to flip a sampled token in the next rollout.
     base = tiny_config(tiny_model_dir, tmp_path, num_problems=3, seed_per_problem=True, threads=1, dtype="float32",
-                       share_prompts=False)
+                       share_prompts=False, top_k=TOP_K)
     # A: token-mean, the KL as a reward penalty, evaluation on rank 0 (before and after), straight through.
     a = dataclasses.replace(base, run_name="a", num_eval_problems=1, kl_in="reward", kl_coef=0.1)
     # B: sequence-sum with KL and two epochs; the 2-process run pauses after iteration 1 and resumes.
@@ -322,7 +330,7 @@ def team_config(team_dirs, tmp_path, **overrides):
     settings = dict(agent_models=(f"detailed={team_dirs['detailed']}",),
                     agent_settings=("detailed.max_new_tokens=8", "detailed.learning_rate=5e-3"),
                     num_problems=3, seed_per_problem=True, threads=1, dtype="float32", share_prompts=False,
-                    max_new_tokens=12, num_eval_problems=0, run_name="team")
+                    max_new_tokens=12, num_eval_problems=0, run_name="team", top_k=TOP_K)
     settings.update(overrides)
     return tiny_config(team_dirs["brief"], tmp_path, **settings)
 
@@ -462,7 +470,8 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     from baselines import cory, ppo
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
-    settings = dict(batch_size=9, minibatch_size=3, seed_per_episode=True, threads=1, init_kl_coef=0.2, dtype="float32")
+    settings = dict(batch_size=9, minibatch_size=3, seed_per_episode=True, threads=1, init_kl_coef=0.2, dtype="float32",
+                    top_k=TOP_K)
     configs = {
         "ppo": tiny_ppo(tiny_model_dir, tmp_path, run_name="ppo", num_eval_problems=1, **settings),
         "cory": cory.Config(
@@ -559,7 +568,7 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     config = tiny_maac(tiny_model_dir, tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
                        dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3,
-                       kl_in="reward", kl_coef=0.1)
+                       kl_in="reward", kl_coef=0.1, top_k=TOP_K)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "maac", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
@@ -615,14 +624,9 @@ def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
 
     from baselines import madpo, marlhf
 
-    # float32 and rows computed whole, as in the MAGRPO comparison above. top_k=10, as in the tree test
-    # below: the rollouts sample 3 prompts' candidates in one batch here and 2 + 1 on the ranks, and
-    # AVX2's matmul kernels round a row differently in batches of different sizes (AVX-512's do not at
-    # these shapes). An inverse-CDF draw over the tiny model's near-uniform 49k-token distribution turns
-    # that ~1e-6 into a different token now and then (measured: one token of iteration 1's candidates);
-    # over 10 candidates it does not.
+    # float32 and rows computed whole, as in the MAGRPO comparison above.
     common = dict(num_problems=3, threads=1, dtype="float32", share_prompts=False, iterative=True,
-                  num_eval_problems=0, num_candidates=3, top_k=10)
+                  num_eval_problems=0, num_candidates=3, top_k=TOP_K)
     dpo = tiny(madpo, tiny_model_dir, tmp_path, run_name="madpo", comparator="history", replay="all_history",
                **common)
     rlhf = tiny(marlhf, tiny_model_dir, tmp_path, run_name="marlhf", **common)
@@ -687,15 +691,14 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
     from baselines import magrpo
 
     parity_reward(monkeypatch)
-    # top_k=10: an inverse-CDF draw over the tiny model's near-uniform 49k-token distribution flips a token
-    # now and then on the last-bit differences of the two runs' weights after iteration 1 (measured: the
-    # cumulative sum's rounding moves 49k boundaries); over 10 candidates that does not happen.
+    # TOP_K also keeps the last-bit differences of the two runs' weights after iteration 1 from moving a
+    # draw (measured with top-k 0: the cumulative sum's rounding moves 49k boundaries).
     # seed=4: the sampled problems make rank 0's trees stop at the root in iteration 1 (rank 1's grow)
     # and the other way round in iteration 2.
     config = tiny_config(tiny_model_dir, tmp_path, num_problems=3, rollout="tree", num_turns=2,
                          protocol="sequential", termination_threshold=5.0, baseline="mean", seed_per_problem=True,
                          threads=1, dtype="float32", run_name="tree", num_eval_problems=1, learning_rate=1e-3, seed=4,
-                         top_k=10, kl_in="reward", kl_coef=0.1)
+                         top_k=TOP_K, kl_in="reward", kl_coef=0.1)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "tree", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
