@@ -107,8 +107,7 @@ class PreferenceConfig(LearnerConfig):
     updates_per_iteration: int = 1
     """Updates (batches of pairs) per iteration."""
     micro_batch_pairs: int = 4
-    """Pairs per forward/backward of MADPO's update and of MARLHF's reward-model steps (gradient
-    accumulation; the same gradient up to rounding)."""
+    """Pairs per forward/backward (gradient accumulation; the same gradient up to rounding)."""
     micro_batch_size: int = 0
     """Sampled rows per pass of the reference forward (the KL in the reward) and of MARLHF's RL update
     (0: all)."""

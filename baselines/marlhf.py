@@ -148,30 +148,21 @@ def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch
 
 
 def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
-                      max_grad_norm: float, micro_batch_pairs: int = 4) -> dict[str, float]:
+                      max_grad_norm: float) -> dict[str, float]:
     """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
-    share and the gradients are summed), ``micro_batch_pairs`` pairs per forward/backward (the same
-    gradient up to rounding); returns its loss and batch accuracy.
-
-    A row reads every agent's prompt and response, so a pass over many pairs is long: 8 pairs of the
-    demo (16 rows x 316 tokens) took one step's RSS up by ~1.1 GB in bfloat16, mostly what glibc's heap
-    kept of the pass's freed intermediates; 4 pairs a pass halve the tokens a pass holds."""
+    share and the gradients are summed); returns its loss and batch accuracy."""
     from baselines import distributed
 
-    if isinstance(micro_batch_pairs, bool) or not isinstance(micro_batch_pairs, int) or micro_batch_pairs < 1:
-        raise ValueError(f"micro_batch_pairs must be an int >= 1, got {micro_batch_pairs!r}")
     optimizer.zero_grad(set_to_none=True)
     total = len(pairs)
     local = distributed.local_block(pairs)
     loss_sum, right = 0.0, 0.0
-    for start in range(0, len(local), micro_batch_pairs):
-        part = local[start:start + micro_batch_pairs]
-        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)))
-        n = len(part)
+    if local:
+        s = reward_scores(policy, *pair_inputs(local, agents, policy.pad_token_id_of(REWARD_MODEL)))
+        n = len(local)
         loss = bradley_terry_loss(s[:n], s[n:]).sum() / total
         loss.backward()
-        loss_sum += float(loss.detach())
-        right += float((s[:n] > s[n:]).float().sum())
+        loss_sum, right = float(loss.detach()), float((s[:n] > s[n:]).float().sum())
     if distributed.world_size() > 1:
         loss_sum, right = distributed.all_sum([loss_sum, right])
     params = policy.parameters(REWARD_MODEL)
@@ -197,7 +188,7 @@ def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Seq
         order = rng.permutation(len(pairs))
         for start in range(0, len(pairs), config.rm_batch_pairs):
             batch = [pairs[i] for i in order[start:start + config.rm_batch_pairs]]
-            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm, config.micro_batch_pairs)
+            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm)
             losses.append(stats["loss"])
             accs.append(stats["accuracy"])
     return {"losses/reward_model": float(np.mean(losses)), "pref/rm_train_accuracy": float(np.mean(accs))}
@@ -440,7 +431,7 @@ def main(config: Config) -> dict[str, Any]:
                                         config.replay_lambda)
                     if batch:
                         stats = reward_model_step(policy, optimizers[REWARD_MODEL], batch, agents,
-                                                  config.max_grad_norm, config.micro_batch_pairs)
+                                                  config.max_grad_norm)
                         rm["losses/reward_model"].append(stats["loss"])
                         rm["pref/rm_train_accuracy"].append(stats["accuracy"])
                 metrics.update({k: float(np.mean(v)) for k, v in rm.items() if v})
