@@ -15,6 +15,28 @@ import pytest
 from hub_fixtures import hub_fixture_rows, write_jsonl
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device", default=None,
+        help="torch device of the device-sensitive tests (tiny models are built there): cpu (default) or cuda; "
+        "the LLM_ENVS_TEST_DEVICE environment variable does the same (make test-gpu)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    device = config.getoption("--device")
+    if device:
+        os.environ["LLM_ENVS_TEST_DEVICE"] = device  # read by tiny_models.testing_device, in xdist workers too
+
+
+@pytest.fixture(scope="session")
+def device():
+    """The torch device the device-sensitive tests run on (``--device``; the CPU by default)."""
+    from tiny_models import testing_device
+
+    return testing_device()
+
+
 @pytest.fixture(scope="session")
 def hub_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hub-fixtures")

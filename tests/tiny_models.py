@@ -7,7 +7,8 @@ from typing import Any
 
 
 def tiny_model(tokenizer: Any, seed: int = 0, extra_eos: Iterable[int] = ()) -> Any:
-    """A 2-layer Llama with random weights, in eval mode.
+    """A 2-layer Llama with random weights, in eval mode, on :func:`testing_device` (the CPU unless the
+    suite runs with ``--device``).
 
     A random model emits EOS about once in 49k tokens; ``extra_eos`` declares a band of ids as EOS for
     generation, so responses end at different lengths (the masks matter) and rewards differ within a group.
@@ -31,7 +32,7 @@ def tiny_model(tokenizer: Any, seed: int = 0, extra_eos: Iterable[int] = ()) -> 
     extra = list(extra_eos)
     if extra:
         model.generation_config.eos_token_id = [tokenizer.eos_token_id, *extra]
-    return model.eval()
+    return model.to(testing_device()).eval()
 
 
 def byte_bpe(vocab_size: int, corpus: Iterable[str], chat_template: str | None = None) -> Any:
@@ -51,3 +52,13 @@ def byte_bpe(vocab_size: int, corpus: Iterable[str], chat_template: str | None =
     if chat_template is not None:
         tok.chat_template = chat_template
     return tok
+
+
+def testing_device() -> Any:
+    """The torch device of the device-sensitive tests: ``pytest --device cuda`` (or ``LLM_ENVS_TEST_DEVICE``);
+    the CPU by default. Tiny models are built there, and the tests compare on it."""
+    import os
+
+    import torch
+
+    return torch.device(os.environ.get("LLM_ENVS_TEST_DEVICE") or "cpu")
