@@ -111,6 +111,60 @@ def machine_description(dtype: str | torch.dtype | None = None) -> dict[str, Any
     }
 
 
+def device_description(device: str | torch.device | None = None) -> dict[str, Any]:
+    """:func:`machine_description`'s counterpart for a CUDA device (empty for the CPU): the GPU's name,
+    compute capability, memory, and the torch / CUDA versions that ran on it."""
+    device = resolve_device(device)
+    if device.type != "cuda":
+        return {}
+    props = torch.cuda.get_device_properties(device)
+    return {
+        "gpu": props.name,
+        "capability": f"{props.major}.{props.minor}",
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+    }
+
+
+SHAPES: dict[str, dict[str, int]] = {
+    "135m": {},
+    "360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                 num_key_value_heads=5),
+    "1.7b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                 num_key_value_heads=32),
+}
+"""SmolLM2's published shapes (135M, 360M, 1.7B: the same tokenizer, a 49,152-token vocabulary) as
+overrides of the embedded default's config, for :func:`shaped_model`."""
+
+
+def shaped_model(
+    shape: str, *, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None, seed: int = 0
+) -> Any:
+    """A random-weight causal LM of one of :data:`SHAPES` (the default model's config with that shape),
+    built on ``device`` in eval mode: what the benches measure where the real weights are absent (a GPU
+    machine that cannot receive them). Random weights rarely emit EOS, so every row decodes to its
+    ``max_new_tokens``, which is what a speed measurement wants; rewards mean nothing with them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    device_ = resolve_device(device)
+    dtype_ = resolve_dtype(dtype, device_)
+    directory = default_model_weights_dir()
+    if not (directory / "config.json").is_file():
+        directory = convert_default_model()
+    config = AutoConfig.from_pretrained(str(directory))
+    for key, value in SHAPES[shape].items():
+        setattr(config, key, value)
+    with keep_global_rng():
+        torch.manual_seed(seed)
+        with torch.device(device_):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype_)
+    return model.eval()
+
+
 def kernel_restriction() -> dict[str, str]:
     """The environment variables that restrict the CPU kernels below what the hardware has
     (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``), as set: the way to

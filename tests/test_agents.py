@@ -75,18 +75,25 @@ def batch(tokenizer):
 def naive_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, adapter=None):
     """Row by row, no padding anywhere: full logits, log_softmax, read each response token."""
     rows, hidden_rows = [], []
-    for p_ids, p_mask, r_ids, r_mask in zip(prompt_ids, prompt_mask, response_ids, response_mask, strict=True):
+    device = next(model.parameters()).device
+    tensors = [t.to(device) for t in (prompt_ids, prompt_mask, response_ids, response_mask)]
+    for p_ids, p_mask, r_ids, r_mask in zip(*tensors, strict=True):
         prompt = p_ids[p_mask.bool()]
         response = r_ids[r_mask.bool()]
         ids = torch.cat([prompt, response]).unsqueeze(0)
-        out = model(input_ids=ids, output_hidden_states=True)
+        out = model(input_ids=ids)
         logp = torch.log_softmax(out.logits[0].float(), -1)
-        positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1)
-        row = torch.zeros(len(r_ids))
+        positions = torch.arange(len(prompt) - 1, len(prompt) + len(response) - 1, device=device)
+        row = torch.zeros(len(r_ids), device=device)
         row[: len(response)] = logp[positions, response]
         rows.append(row)
-        hidden = torch.zeros(len(r_ids), out.hidden_states[-1].shape[-1])
-        hidden[: len(response)] = out.hidden_states[-1][0, positions]
+        # The final hidden state as the LM head reads it (after the final norm): what a value head reads.
+        # The decoder stack's last_hidden_state is that in every transformers version; ``hidden_states[-1]``
+        # of the causal LM is not (some 5.x versions record it before the norm).
+        stack = model.get_base_model().model if hasattr(model, "get_base_model") else model.model
+        final = stack(input_ids=ids).last_hidden_state
+        hidden = torch.zeros(len(r_ids), final.shape[-1], device=device)
+        hidden[: len(response)] = final[0, positions]
         hidden_rows.append(hidden)
     return torch.stack(rows), torch.stack(hidden_rows)
 
