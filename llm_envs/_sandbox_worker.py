@@ -36,11 +36,19 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
 VIEW_DEVICES = ("null", "zero", "random", "urandom")
 """Device nodes the program sees under ``/dev`` (bound from the host)."""
 SCRATCH = "/tmp"
+PEER_GONE, PEER_BROKE = 86, 87
+"""Exit statuses of a driver whose peer's process ended / broke their protocol (the caller reports the
+peer's failure for the test)."""
+VALUE_TYPES = {("datetime", "datetime"): "datetime", ("datetime", "date"): "date", ("datetime", "time"): "time",
+               ("datetime", "timedelta"): "timedelta", ("decimal", "Decimal"): "decimal",
+               ("fractions", "Fraction"): "fraction"}
+"""Standard-library value types sent as text (tag ``x``) and rebuilt by the receiver (exact types only:
+a subclass is not plain data)."""
 """Where each program's tmpfs scratch is mounted in the view: its cwd, ``HOME`` and ``TMPDIR``."""
 
 
@@ -62,8 +70,12 @@ def wait_status(child: int) -> int:
     return 128 + number
 
 
-def encode(value: Any, depth: int = 0) -> Any:
-    """A value as tagged plain data (JSON-able); anything else becomes an opaque value."""
+def encode(value: Any, depth: int = 0, handle: Any = None) -> Any:
+    """A value as tagged plain data (JSON-able); anything else becomes an opaque value, or what
+    ``handle(value)`` makes of it: ``("h", id, type name)`` a handle to an object the sender keeps,
+    ``("n", module, qualified name)`` a name the receiver looks up, ``("p", hex)`` a pickle (sent by
+    a driver to its peer only, never read by a trusted side). A program that serves objects by
+    reference defines ``__sandbox_handle__``; see :func:`serve_program`."""
     if depth > ENCODE_DEPTH:
         return ["o", type(value).__name__, "<nested too deeply>"]
     if value is None or value is True or value is False:
@@ -81,15 +93,25 @@ def encode(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return ["b", bytes(value).hex()]
     if isinstance(value, list):
-        return ["l", [encode(v, depth + 1) for v in value]]
+        return ["l", [encode(v, depth + 1, handle) for v in value]]
     if isinstance(value, tuple):
-        return ["t", [encode(v, depth + 1) for v in value]]
+        return ["t", [encode(v, depth + 1, handle) for v in value]]
     if isinstance(value, frozenset):
-        return ["z", [encode(v, depth + 1) for v in value]]
+        return ["z", [encode(v, depth + 1, handle) for v in value]]
     if isinstance(value, set):
-        return ["s", [encode(v, depth + 1) for v in value]]
+        return ["s", [encode(v, depth + 1, handle) for v in value]]
     if isinstance(value, dict):
-        return ["d", [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]]
+        return ["d", [[encode(k, depth + 1, handle), encode(v, depth + 1, handle)] for k, v in value.items()]]
+    kind = VALUE_TYPES.get((type(value).__module__, type(value).__qualname__))
+    if kind is not None and sys.modules.get(type(value).__module__) is not None \
+            and getattr(sys.modules[type(value).__module__], type(value).__qualname__, None) is type(value):
+        return ["x", kind, str(value) if kind != "timedelta" else f"{value.days},{value.seconds},{value.microseconds}"]
+    if handle is not None:
+        ref = handle(value)
+        if ref is not None and ref[0] == "h":
+            return ["h", int(ref[1]), str(ref[2])]
+        if ref is not None and ref[0] in ("n", "p"):
+            return [ref[0], *(str(part) for part in ref[1:])]
     try:
         text = repr(value)[:200]
     except BaseException:
@@ -97,8 +119,9 @@ def encode(value: Any, depth: int = 0) -> Any:
     return ["o", type(value).__name__, text]
 
 
-def decode(data: Any) -> Any:
-    """Inverse of :func:`encode` for the arguments the caller sends (trusted)."""
+def decode(data: Any, hook: Any = None) -> Any:
+    """Inverse of :func:`encode`; handles and opaque values (tags ``h`` and ``o``) become
+    ``hook(tag, rest)`` (an error without a hook)."""
     if data is None or isinstance(data, (bool, str)):
         return data
     tag, rest = data[0], data[1:]
@@ -111,10 +134,37 @@ def decode(data: Any) -> Any:
     if tag == "b":
         return bytes.fromhex(rest[0])
     if tag in ("l", "t", "s", "z"):
-        return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](decode(v) for v in rest[0])
+        return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](decode(v, hook) for v in rest[0])
     if tag == "d":
-        return {decode(k): decode(v) for k, v in rest[0]}
+        return {decode(k, hook): decode(v, hook) for k, v in rest[0]}
+    if tag == "x":
+        return decode_value(rest[0], rest[1])
+    if tag in ("h", "n", "o", "p") and hook is not None:
+        return hook(tag, rest)
     raise ValueError("cannot decode " + repr(tag))
+
+
+def decode_value(kind: str, text: str) -> Any:
+    """A standard-library value sent as text (tag ``x``): datetime, date, time, timedelta, Decimal,
+    Fraction."""
+    if kind in ("datetime", "date", "time"):
+        import datetime
+
+        return getattr(datetime, kind).fromisoformat(text)
+    if kind == "timedelta":
+        import datetime
+
+        days, seconds, microseconds = (int(part) for part in text.split(","))
+        return datetime.timedelta(days, seconds, microseconds)
+    if kind == "decimal":
+        import decimal
+
+        return decimal.Decimal(text)
+    if kind == "fraction":
+        import fractions
+
+        return fractions.Fraction(text)
+    raise ValueError("cannot decode a value of kind " + repr(kind))
 
 
 def write_frame(fd: int, obj: Any) -> None:
@@ -124,12 +174,12 @@ def write_frame(fd: int, obj: Any) -> None:
         data = data[os.write(fd, data):]
 
 
-def _read_exact(fd: int, n: int) -> bytes:
+def _read_exact(fd: int, n: int, eof_status: int = 0) -> bytes:
     chunks = []
     while n:
         chunk = os.read(fd, n)
         if not chunk:
-            os._exit(0)  # the caller hung up: nothing left to do
+            os._exit(eof_status)  # the caller hung up: nothing left to do (a driver's peer: see PEER_GONE)
         chunks.append(chunk)
         n -= len(chunk)
     return b"".join(chunks)
@@ -140,17 +190,84 @@ def read_frame(fd: int) -> Any:
     return json.loads(_read_exact(fd, n))
 
 
+def _peer_frame(fd: int, max_bytes: int) -> Any:
+    """A driver reads its peer's frame: the peer's end or any breach of the protocol ends the driver
+    with :data:`PEER_GONE` / :data:`PEER_BROKE`, for the caller to report as the peer's."""
+    (n,) = HEADER.unpack(_read_exact(fd, 4, PEER_GONE))
+    if n > max_bytes:
+        os._exit(PEER_BROKE)
+    try:
+        frame = json.loads(_read_exact(fd, n, PEER_GONE))
+    except ValueError:
+        os._exit(PEER_BROKE)
+    if not isinstance(frame, dict):
+        os._exit(PEER_BROKE)
+    return frame
+
+
+def _peer_write(fd: int, obj: Any) -> None:
+    try:
+        write_frame(fd, obj)
+    except OSError:
+        os._exit(PEER_GONE)
+
+
 def _describe(err: BaseException) -> list[str]:
     return [type(err).__name__, str(err)[:500]]
 
 
-def serve_program(req: int, resp: int) -> NoReturn:
+def _load_peer(peer: tuple[int, int], init: dict[str, Any]) -> dict[str, Any] | None:
+    """A driver loads its peer's program; the peer's load error as the frame to send the caller."""
+    _peer_write(peer[0], {"program": init["peer_program"], "filename": init["filename"]})
+    frame = _peer_frame(peer[1], init["max_bytes"])
+    if frame.get("ready") is True:
+        return None
+    if "load_error" in frame or "setup_error" in frame:
+        return {**frame, "peer": True}
+    os._exit(PEER_BROKE)
+
+
+def _relay(peer: tuple[int, int], namespace: dict[str, Any], max_bytes: int) -> Any:
+    """``__sandbox_relay__(name, args, kwargs)`` of a driver: call ``name`` in its peer's process over
+    their private pipes. Returns ``("ok", value)`` (decoded here: plain data, or what the driver's
+    ``__sandbox_object__`` makes of references) or ``("raised", type name, message)``."""
+
+    def relay(name: str, args: Any, kwargs: Any) -> tuple[Any, ...]:
+        handle, hook = namespace.get("__sandbox_handle__"), namespace.get("__sandbox_object__")
+        request = {"call": name, "args": [encode(a, 0, handle) for a in args],
+                   "kwargs": [[k, encode(v, 0, handle)] for k, v in kwargs.items()]}
+        _peer_write(peer[0], request)
+        reply = _peer_frame(peer[1], max_bytes)
+        try:
+            if "ok" in reply:
+                return ("ok", decode(reply["ok"], hook))
+            kind, message = reply["raised"]
+            return ("raised", str(kind)[:100], str(message)[:500])
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, RecursionError):
+            os._exit(PEER_BROKE)
+
+    return relay
+
+
+def serve_program(req: int, resp: int, peer: tuple[int, int] | None = None) -> NoReturn:
     """Load the program sent by the caller, then answer calls of its functions until hung up on.
-    From here on nothing in this process is trusted."""
+    From here on nothing in this process is trusted.
+
+    A program may serve objects by reference: ``__sandbox_handle__(value)`` gives the reference to send
+    for a value that is not plain data (see :func:`encode`), ``__sandbox_object__(tag, rest)`` turns a
+    received reference back into an object. A driver (``peer`` = its write and read ends of the pipes
+    to its peer's process) first loads the peer's program, then gets ``__sandbox_relay__`` to call the
+    peer's functions; it runs no peer code and decodes what the peer sends as data."""
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversized writes raise OSError instead of killing
     sys.setrecursionlimit(3000)
     init = read_frame(req)
     namespace = {"__name__": "__sandbox__", "__builtins__": builtins}
+    if peer is not None:
+        failed = _load_peer(peer, init)
+        if failed is not None:
+            write_frame(resp, failed)
+            os._exit(0)
+        namespace["__sandbox_relay__"] = _relay(peer, namespace, init["max_bytes"])
     try:
         exec(compile(init["program"], init["filename"], "exec"), namespace)
     except BaseException as err:
@@ -167,9 +284,10 @@ def serve_program(req: int, resp: int) -> NoReturn:
         request = read_frame(req)
         try:
             function = namespace[request["call"]]
-            args = [decode(a) for a in request["args"]]
-            kwargs = {k: decode(v) for k, v in request["kwargs"]}
-            result = encode(function(*args, **kwargs))
+            hook = namespace.get("__sandbox_object__")
+            args = [decode(a, hook) for a in request["args"]]
+            kwargs = {k: decode(v, hook) for k, v in request["kwargs"]}
+            result = encode(function(*args, **kwargs), 0, namespace.get("__sandbox_handle__"))
         except BaseException as err:
             reply = {"raised": _describe(err)}
         else:
@@ -197,9 +315,11 @@ def _drop_privileges(uid: int) -> None:
 
 def single(cfg: dict[str, Any]) -> NoReturn:
     req, resp = cfg["req_fd"], cfg["resp_fd"]
+    status = cfg.get("pid_fd", resp)  # a peer's requests and responses are its driver's: it reports its pid apart
+    peer = tuple(cfg["peer_fds"]) if cfg.get("peer_fds") else None
     _set_rlimits(cfg["rlimits"])
     libc = None
-    if cfg["unshare_flags"] or cfg["uid"] is not None:
+    if cfg["unshare_flags"] or cfg["uid"] is not None or cfg.get("nondumpable"):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
@@ -230,24 +350,28 @@ def single(cfg: dict[str, Any]) -> NoReturn:
         if child:
             # Tell the caller the worker's real pid (inside the new namespace it is 1), then wait.
             os.close(go_r)
-            write_frame(resp, {"pid": child})
+            write_frame(status, {"pid": child})
             os.write(go_w, b"x")
-            for fd in (req, resp, go_w):
+            for fd in {req, resp, go_w, status, *(peer or ())}:
                 os.close(fd)
             os._exit(wait_status(child))
         os.close(go_w)
         os.read(go_r, 1)
         os.close(go_r)
     else:
-        write_frame(resp, {"pid": os.getpid()})
+        write_frame(status, {"pid": os.getpid()})
     if cfg["uid"] is not None:
         _drop_privileges(cfg["uid"])
     if libc is not None:
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the launcher
+        if cfg.get("nondumpable"):  # a driver: no process of the same uid may ptrace it
+            libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     os.chdir(cfg["scratch"])
     del cfg, libc
-    serve_program(req, resp)
+    if status != resp:
+        os.close(status)
+    serve_program(req, resp, peer)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,6 +396,7 @@ class _ForkServer:
         self.cfg = cfg
         self.control = socket.socket(fileno=cfg["control_fd"])
         self.child: int | None = None
+        self.peer_child: int | None = None
         self.scratch_mounted = False
         self.devnull = -1
 
@@ -350,9 +475,13 @@ class _ForkServer:
     # shares the server's pages with the child, and Python touches (refcounts) every object it uses.
 
     def run(self, request: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        """Give the next program a fresh IPC namespace and scratch tmpfs, then fork its process."""
+        """Give the next program a fresh IPC namespace and scratch tmpfs, then fork its process. With
+        ``"layout": [6, 4]`` it forks two: a driver (6 descriptors: the caller's 4 and its pipes to the
+        peer) and its peer (4), sharing the scratch and the uid. Every program process is
+        non-dumpable, so that a peer cannot ptrace its driver."""
         try:
-            if self.child is not None or len(fds) != 4:
+            layout = request.get("layout", [4])
+            if self.child is not None or layout not in ([4], [6, 4]) or len(fds) != sum(layout):
                 return {"error": "bad run request (a program is still running or fds are missing)"}
             uid = request["uid"]
             try:
@@ -363,26 +492,31 @@ class _ForkServer:
                             f"size={request['disk_bytes']},nr_inodes={request['disk_files']},mode=700,"
                             f"uid={uid},gid={uid}", "mounting the scratch tmpfs")
                 self.scratch_mounted = True
-                child = os.fork()
+                pids, first = [], 0
+                for count in layout:
+                    child = os.fork()
+                    if child == 0:
+                        try:
+                            self._program_child(request, fds[first:first + count])
+                        finally:
+                            os._exit(127)
+                    first += count
+                    pids.append(child)
+                    self.child, self.peer_child = pids[0], (pids[1] if len(pids) > 1 else None)
             except OSError as error:
                 return {"error": str(error)}
-            if child == 0:
-                try:
-                    self._program_child(request, fds)
-                finally:
-                    os._exit(127)
-            self.child = child
-            return {"pid": child}
+            return {"pid": pids[0], "peer_pid": self.peer_child}
         finally:
             for fd in fds:
                 os.close(fd)
 
     def _program_child(self, request: dict[str, Any], fds: list[int]) -> NoReturn:
         """The program's process, until it runs the program: descriptors, limits, uid, cwd."""
-        req, resp, out, err = fds
+        req, resp, out, err, *to_peer = fds
         channel = resp
         try:
-            keep = [self.devnull, out, err, req, resp]  # stdin, stdout, stderr, requests, responses: 0-4
+            # stdin, stdout, stderr, requests, responses: 0-4; a driver's pipes to its peer: 5, 6
+            keep = [self.devnull, out, err, req, resp, *to_peer]
             base = max(keep) + 1
             high = [self.fcntl.fcntl(fd, self.fcntl.F_DUPFD, base) for fd in keep]
             for i, fd in enumerate(high):
@@ -391,23 +525,28 @@ class _ForkServer:
             os.closerange(len(keep), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
             _set_rlimits(request["rlimits"])
             _drop_privileges(request["uid"])
+            self._check(self.libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(dumpable)")
             os.chdir(SCRATCH)
         except OSError as error:
             write_frame(channel, {"setup_error": str(error)})
             os._exit(0)
-        serve_program(3, 4)
+        serve_program(3, 4, (5, 6) if to_peer else None)
 
     def end(self, request: dict[str, Any]) -> dict[str, Any]:
-        """End the running program (after ``grace_s`` seconds for one that is already exiting): kill
-        every other process of the namespace, reap them all and unmount the scratch. Returns the
-        program's wait status."""
-        status = None
-        if self.child is not None:
+        """End the running program (after ``grace_s`` seconds for one that is already exiting: the
+        peer if ``wait_for`` says so): kill every other process of the namespace, reap them all and
+        unmount the scratch. Returns the program's wait status (and its peer's)."""
+        status = peer_status = None
+        waited = self.peer_child if request.get("wait_for") == "peer" else self.child
+        if waited is not None:
             deadline = self.time.monotonic() + min(float(request.get("grace_s", 0.0)), 5.0)
             while True:
-                pid, found = os.waitpid(self.child, os.WNOHANG)
+                pid, found = os.waitpid(waited, os.WNOHANG)
                 if pid:
-                    status = found
+                    if waited == self.child:
+                        status = found
+                    else:
+                        peer_status = found
                     break
                 if self.time.monotonic() >= deadline:
                     break
@@ -426,11 +565,13 @@ class _ForkServer:
                 break
             if pid == self.child:
                 status = found
-        self.child = None
+            elif pid == self.peer_child:
+                peer_status = found
+        self.child = self.peer_child = None
         if self.scratch_mounted:
             self.scratch_mounted = False
             self._check(self.libc.umount2(SCRATCH.encode(), MNT_DETACH), "unmounting the scratch tmpfs")
-        return {"status": status}
+        return {"status": status, "peer_status": peer_status}
 
     def serve(self) -> NoReturn:
         try:
@@ -448,7 +589,7 @@ class _ForkServer:
         gc.freeze()  # the set-up's objects: never traversed by a program's garbage collector
         while True:
             try:
-                message, fds, _, _ = self.socket.recv_fds(self.control, 65536, 8)
+                message, fds, _, _ = self.socket.recv_fds(self.control, 65536, 16)
             except OSError:
                 message, fds = b"", []
             if not message:

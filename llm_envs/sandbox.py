@@ -63,7 +63,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llm_envs._sandbox_worker import PEER_BROKE as _PEER_BROKE
+from llm_envs._sandbox_worker import PEER_GONE as _PEER_GONE
 from llm_envs._sandbox_worker import SCRATCH as _VIEW_SCRATCH
+from llm_envs._sandbox_worker import decode_value as _decode_value
 from llm_envs._sandbox_worker import encode as _encode
 
 __all__ = [
@@ -96,12 +99,13 @@ PRELOADED_MODULES = (
     "typing", "collections", "collections.abc", "itertools", "functools", "operator", "math", "cmath",
     "re", "string", "heapq", "bisect", "random", "statistics", "fractions", "decimal", "numbers",
     "datetime", "json", "copy", "hashlib", "array", "struct", "dataclasses", "enum", "textwrap",
-    "unicodedata", "zlib", "binascii", "_bz2", "_lzma",
+    "unicodedata", "zlib", "binascii", "_bz2", "_lzma", "unittest",
 )
 """Imported once by each fork server, so that programs do not pay for them (``typing`` alone takes
 milliseconds) and extension modules whose system libraries are outside the hidden view still load.
 Other standard-library modules import from the read-only view as usual (those that need a system
-library, such as ``sqlite3`` or ``ssl``, are unavailable)."""
+library, such as ``sqlite3`` or ``ssl``, are unavailable). ``unittest`` is there for the ClassEval
+tests' process (about 16 ms a program otherwise)."""
 MASKED_STDLIB_DIRS = ("site-packages", "dist-packages")
 """Directories of the standard library hidden behind an empty mount: installed packages are not
 part of the minimal tree."""
@@ -233,6 +237,8 @@ class SandboxJob:
     entry_point: str
     test_globals: str = ""
     limits: SandboxLimits = DEFAULT_LIMITS
+    peer: str = ""
+    """An untrusted program that ``program`` drives (see :func:`run_tests`); "" for none."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,11 +292,13 @@ def _decode(data: Any, depth: int = 0) -> Any:
             return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](items)
         if tag == "d":
             return {_decode(k, depth + 1): _decode(v, depth + 1) for k, v in rest[0]}
+        if tag == "x":
+            return _decode_value(str(rest[0]), str(rest[1]))
         if tag == "o":
             return OpaqueValue(str(rest[0])[:100], str(rest[1])[:200])
     except _DecodeError:
         raise
-    except (TypeError, ValueError, IndexError, KeyError) as err:
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as err:
         raise _DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
     raise _DecodeError(f"unknown value tag {tag!r}")
 
@@ -610,15 +618,15 @@ class ProgramError(Exception):
     """The program raised an exception inside a call made by a test."""
 
 
-def _exit_reason(signal_number: int | None, code: int | None) -> str:
+def _exit_reason(signal_number: int | None, code: int | None, label: str = "program") -> str:
     if signal_number is not None:
         name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else str(signal_number)
         hint = {"SIGKILL": " (killed: memory or process limit?)", "SIGXCPU": " (CPU time limit)",
                 "SIGSEGV": " (crashed)"}.get(name, "")
-        return f"the program's process was killed by {name}{hint}"
+        return f"the {label}'s process was killed by {name}{hint}"
     if code is None:
-        return "the program's process is gone"
-    return f"the program's process exited with status {code}"
+        return f"the {label}'s process is gone"
+    return f"the {label}'s process exited with status {code}"
 
 
 class _Channel:
@@ -626,10 +634,20 @@ class _Channel:
 
     req_w: int
     resp_r: int
+    label = "program"
+    """Whose process this is, in messages: "program", or "driver" for a job's driver (``SandboxJob.peer``)."""
 
-    def __init__(self, limits: SandboxLimits) -> None:
+    def __init__(self, limits: SandboxLimits, peer_program: str | None = None) -> None:
         self.limits = limits
         self.buffer = b""
+        self.peer_program = peer_program
+        """A driver's: its peer's program, which the driver loads and calls (``SandboxJob.peer``)."""
+        if peer_program is not None:
+            self.label = "driver"
+
+    def _peer_death_reason(self) -> tuple[int | None, int | None]:
+        """(signal, exit code) of a driver's peer, once the driver reported the peer's end."""
+        raise NotImplementedError
 
     def _death_reason(self) -> tuple[int | None, int | None]:
         """(signal, exit code) of the program's process once its channel closed; both None if unknown."""
@@ -637,13 +655,20 @@ class _Channel:
 
     def _gone(self) -> _WorkerGone:
         signal_number, code = self._death_reason()
+        label = self.label
+        if self.peer_program is not None and signal_number is None and code == _PEER_BROKE:
+            return _WorkerGone("crashed", "the program broke the result channel (or sent a value larger than "
+                                          f"max_result_bytes={self.limits.max_result_bytes})")
+        if self.peer_program is not None and signal_number is None and code == _PEER_GONE:
+            signal_number, code = self._peer_death_reason()  # the driver saw its peer end: the peer's failure
+            label = "program"
         if signal_number == signal.SIGXCPU:
             # The kernel enforcing ``cpu_time_s``: the program ran out of time, it did not crash. (A
             # CPU-bound program reaches its CPU limit and its wall-clock deadline together; whichever
             # the caller sees first, the run is a timeout.)
-            return _WorkerGone("timeout", _exit_reason(signal_number, code),
+            return _WorkerGone("timeout", _exit_reason(signal_number, code, label),
                                outcome=f"CPU time limit of {self.limits.cpu_time_s} s reached")
-        return _WorkerGone("crashed", _exit_reason(signal_number, code))
+        return _WorkerGone("crashed", _exit_reason(signal_number, code, label))
 
     def _read_frame(self, deadline: float, kind: str = "timeout") -> dict:
         while True:
@@ -689,13 +714,20 @@ class _Channel:
 
     def load(self, program: str, deadline: float) -> str | None:
         """Send the program; returns its load error text, or None when it is ready."""
-        self._write_frame({"program": program, "filename": PROGRAM_FILENAME}, deadline)
+        init: dict[str, Any] = {"program": program, "filename": PROGRAM_FILENAME}
+        if self.peer_program is not None:
+            init.update(peer_program=self.peer_program, max_bytes=self.limits.max_result_bytes)
+        self._write_frame(init, deadline)
         frame = self._read_frame(deadline)
+        if "setup_error" in frame and frame.get("peer") is True:
+            raise _WorkerGone("crashed", f"the sandbox could not set up the program's process: "
+                                         f"{str(frame['setup_error'])[:300]}")
         if "load_error" in frame:
             kind, message = _error_pair(frame["load_error"])
             line = frame.get("line")
             where = f" (line {line})" if isinstance(line, int) else ""
-            return f"{kind}{where}: {message}"
+            whose = "" if self.peer_program is None or frame.get("peer") is True else "(the driver) "
+            return f"{whose}{kind}{where}: {message}"
         if "setup_error" in frame:
             raise _WorkerGone("crashed", f"the sandbox could not set up the program's process: "
                                          f"{str(frame['setup_error'])[:300]}")
@@ -715,11 +747,11 @@ class _Channel:
             try:
                 return _decode(frame["ok"])
             except _DecodeError as err:
-                raise _WorkerGone("crashed", f"the program sent a malformed value: {err}") from None
+                raise _WorkerGone("crashed", f"the {self.label} sent a malformed value: {err}") from None
         if "raised" in frame:
             kind, message = _error_pair(frame["raised"])
             raise ProgramError(f"{kind}: {message}" if message else kind)
-        raise _WorkerGone("crashed", "the program broke the result channel")
+        raise _WorkerGone("crashed", f"the {self.label} broke the result channel")
 
     def _close_pipes(self) -> None:
         for fd in (self.req_w, self.resp_r):
@@ -731,40 +763,81 @@ class _Channel:
 
 
 class _Worker(_Channel):
-    """Process-per-program path: a fresh interpreter (``_sandbox_worker.py`` in ``single`` mode)."""
+    """Process-per-program path: a fresh interpreter (``_sandbox_worker.py`` in ``single`` mode). A
+    driver's peer is a second one in the same scratch directory, on pipes that only the two hold."""
 
-    def __init__(self, limits: SandboxLimits, scratch: str, uid: int | None) -> None:
-        super().__init__(limits)
+    def __init__(self, limits: SandboxLimits, scratch: str, uid: int | None, peer_program: str | None = None) -> None:
+        super().__init__(limits, peer_program)
         self.pid: int | None = None
         self.proc: subprocess.Popen | None = None
-        flags, pid_ns = _namespace_flags()
+        self.peer_proc: subprocess.Popen | None = None
+        self.peer_pid: int | None = None
+        self.scratch, self.uid = scratch, uid
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
+        extra: dict[str, Any] = {}
+        if peer_program is not None:
+            to_peer_r, to_peer_w = os.pipe()
+            from_peer_r, from_peer_w = os.pipe()
+            pid_r, pid_w = os.pipe()
+            try:
+                self.peer_proc = self._spawn({"req_fd": to_peer_r, "resp_fd": from_peer_w, "pid_fd": pid_w})
+                self.peer_pid = self._peer_pid(pid_r)
+            finally:
+                for fd in (to_peer_r, from_peer_w, pid_r, pid_w):
+                    os.close(fd)
+            extra = {"peer_fds": [to_peer_w, from_peer_r], "nondumpable": True}
+        try:
+            self.proc = self._spawn({"req_fd": req_r, "resp_fd": resp_w, **extra})
+        finally:
+            for fd in (req_r, resp_w, *extra.get("peer_fds", ())):
+                os.close(fd)
+
+    def _spawn(self, fds: dict[str, Any]) -> subprocess.Popen:
+        flags, pid_ns = _namespace_flags()
+        scratch, uid = self.scratch, self.uid
         out = os.open(os.path.join(scratch, ".stdout"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         err = os.open(os.path.join(scratch, ".stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if uid is not None:
             for path in (".stdout", ".stderr"):
                 os.chown(os.path.join(scratch, path), uid, uid)
         config = {
-            "mode": "single", "req_fd": req_r, "resp_fd": resp_w, "uid": uid, "scratch": scratch,
-            "unshare_flags": flags, "pid_namespace": pid_ns,
+            "mode": "single", "uid": uid, "scratch": scratch, "unshare_flags": flags, "pid_namespace": pid_ns,
             "stdlib": _stdlib_dir() if uid is not None and flags & CLONE_NEWNS else None,
-            "rlimits": _rlimits(limits, uid),
+            "rlimits": _rlimits(self.limits, uid), **fds,
         }
+        passed = tuple(v for k, v in fds.items() if k.endswith("_fd")) + tuple(fds.get("peer_fds", ()))
         try:
-            self.proc = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-I", "-S", "-B", _WORKER_PATH, json.dumps(config)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(req_r, resp_w), cwd=scratch,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=passed, cwd=scratch,
                 env=_scrubbed_env(scratch), start_new_session=True,
             )
         finally:
-            for fd in (req_r, resp_w, out, err):
-                os.close(fd)
+            os.close(out)
+            os.close(err)
 
-    def _death_reason(self) -> tuple[int | None, int | None]:
-        assert self.proc is not None
+    def _peer_pid(self, pid_r: int) -> int | None:
+        """The peer's pid, from its own pipe (its requests and responses go to the driver)."""
+        data = b""
+        deadline = time.monotonic() + SERVER_TIMEOUT_S
+        while len(data) < 4 or len(data) < 4 + _FRAME_HEADER.unpack(data[:4])[0]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([pid_r], [], [], remaining)[0]:
+                return None
+            chunk = os.read(pid_r, 4096)
+            if not chunk:
+                return None
+            data += chunk
+        frame = json.loads(data[4:])
+        return frame.get("pid") if isinstance(frame, dict) and isinstance(frame.get("pid"), int) else None
+
+    @staticmethod
+    def _exit_of(proc: subprocess.Popen | None) -> tuple[int | None, int | None]:
+        if proc is None:
+            return None, None
         try:
-            code = self.proc.wait(timeout=1.0)
+            code = proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             return None, None
         if code < 0:
@@ -773,17 +846,27 @@ class _Worker(_Channel):
             return code - 128, None
         return None, code
 
+    def _death_reason(self) -> tuple[int | None, int | None]:
+        return self._exit_of(self.proc)
+
+    def _peer_death_reason(self) -> tuple[int | None, int | None]:
+        return self._exit_of(self.peer_proc)
+
     def start(self, program: str, deadline: float) -> str | None:
         """Start the process and load the program; returns the load error text, or None."""
         frame = self._read_frame(deadline)
         if not isinstance(frame.get("pid"), int):
             raise _WorkerGone("crashed", "the sandbox worker failed to start")
         self.pid = frame["pid"]
+        if self.peer_program is not None and self.peer_pid is None:
+            raise _WorkerGone("crashed", "the sandbox worker of the program failed to start")
         return self.load(program, deadline)
 
     def kill(self) -> None:
-        """Kill the process; inside its own PID namespace that kills every process it started."""
-        for pid in (self.pid, self.proc.pid if self.proc else None):
+        """Kill the process (and its peer); inside its own PID namespace that kills every process it
+        started."""
+        procs = (self.proc, self.peer_proc)
+        for pid in (self.pid, self.peer_pid, *(p.pid for p in procs if p is not None)):
             if pid is None:
                 continue
             for target in (pid, -pid):
@@ -791,34 +874,42 @@ class _Worker(_Channel):
                     (os.killpg if target < 0 else os.kill)(abs(target), signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                pass
+        for proc in procs:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=5.0)
+                except subprocess.TimeoutExpired:
+                    pass
         self._close_pipes()
 
 
 class _ForkedWorker(_Channel):
-    """Fork-server path: one program's process, forked by a warm server."""
+    """Fork-server path: one program's process, forked by a warm server. A driver's peer is forked in
+    the same run: same scratch and uid, pipes that only the two hold, ended together."""
 
-    def __init__(self, server: _ForkServer, limits: SandboxLimits, uid: int, out: int, err: int) -> None:
-        super().__init__(limits)
+    def __init__(self, server: _ForkServer, limits: SandboxLimits, uid: int, out: int, err: int,
+                 peer_program: str | None = None) -> None:
+        super().__init__(limits, peer_program)
         self.server = server
         self.ended = False
-        self.status: int | None = None
+        self.statuses: dict[str, int] = {}
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
-        request = {"op": "run", "uid": uid, "rlimits": _rlimits(limits, uid),
+        fds, layout = [req_r, resp_w, out, err], [4]
+        if peer_program is not None:
+            to_peer_r, to_peer_w = os.pipe()
+            from_peer_r, from_peer_w = os.pipe()
+            fds, layout = [*fds, to_peer_w, from_peer_r, to_peer_r, from_peer_w, out, err], [6, 4]
+        request = {"op": "run", "uid": uid, "rlimits": _rlimits(limits, uid), "layout": layout,
                    "disk_bytes": limits.max_disk_mb * 2**20, "disk_files": limits.max_disk_files}
         try:
-            reply = server.request(request, (req_r, resp_w, out, err))
+            reply = server.request(request, fds)
         except _ServerGone:
             self._close_pipes()
             raise
         finally:
-            os.close(req_r)
-            os.close(resp_w)
+            for fd in set(fds) - {out, err}:
+                os.close(fd)
         if not isinstance(reply.get("pid"), int):  # nothing of the program has run yet: the server failed
             self._close_pipes()
             server.close()
@@ -829,31 +920,38 @@ class _ForkedWorker(_Channel):
     def start(self, program: str, deadline: float) -> str | None:
         return self.load(program, deadline)
 
-    def _end(self, grace_s: float) -> int | None:
-        """Have the server kill and reap the process (its namespaces, scratch and IPC objects go too)."""
+    def _end(self, grace_s: float, wait_for: str = "main") -> None:
+        """Have the server kill and reap the process (its peer, namespaces, scratch and IPC objects go
+        too), after ``grace_s`` for the one named by ``wait_for`` to finish exiting."""
         if not self.ended:
             self.ended = True
             try:
-                reply = self.server.request({"op": "end", "grace_s": grace_s})
+                reply = self.server.request({"op": "end", "grace_s": grace_s, "wait_for": wait_for})
             except _ServerGone:
                 reply = {}  # the server is closed, and the program died with it
             if "error" in reply:  # it could not clean up after the program: replace it
                 self.server.close()
-            status = reply.get("status")
-            self.status = status if isinstance(status, int) else None
-        return self.status
+            self.statuses = {k: v for k, v in reply.items() if k in ("status", "peer_status") and isinstance(v, int)}
 
     def _death_reason(self) -> tuple[int | None, int | None]:
-        status = self._end(grace_s=1.0)  # it closed its channel: most likely it is exiting
-        if status is None:
-            return None, None
-        if os.WIFSIGNALED(status):
-            return os.WTERMSIG(status), None
-        return None, os.waitstatus_to_exitcode(status)
+        self._end(grace_s=1.0)  # it closed its channel: most likely it is exiting
+        return _status_reason(self.statuses.get("status"))
+
+    def _peer_death_reason(self) -> tuple[int | None, int | None]:
+        self._end(grace_s=1.0, wait_for="peer")
+        return _status_reason(self.statuses.get("peer_status"))
 
     def kill(self) -> None:
         self._end(grace_s=0.0)
         self._close_pipes()
+
+
+def _status_reason(status: int | None) -> tuple[int | None, int | None]:
+    if status is None:
+        return None, None
+    if os.WIFSIGNALED(status):
+        return os.WTERMSIG(status), None
+    return None, os.waitstatus_to_exitcode(status)
 
 
 def _error_pair(value: Any) -> tuple[str, str]:
@@ -1017,14 +1115,15 @@ class _Runner:
             raise ProgramError(str(gone)) from None
 
     def _new_worker(self) -> _Worker | _ForkedWorker:
+        peer = self.job.peer or None
         if not self.fast:
-            return _Worker(self.limits, self.scratch, self.uid)
+            return _Worker(self.limits, self.scratch, self.uid, peer)
         assert self.uid is not None and self.capture is not None
         for attempt in range(2):  # a server found dead is replaced once, before the program starts
             if self.server is None or self.server.dead:
                 self.server = _take_server()
             try:
-                return _ForkedWorker(self.server, self.limits, self.uid, *self.capture)
+                return _ForkedWorker(self.server, self.limits, self.uid, *self.capture, peer)
             except _ServerGone as gone:
                 if attempt:
                     raise _WorkerGone("crashed", f"the sandbox failed: {gone}") from None
@@ -1178,6 +1277,7 @@ def run_tests(
     *,
     test_globals: str = "",
     limits: SandboxLimits = DEFAULT_LIMITS,
+    peer: str = "",
 ) -> ExecutionResult:
     """Run ``program`` (untrusted) in the sandbox and judge each test statement of ``tests`` (a
     HumanEval-style ``check(candidate)`` source) with ``candidate`` bound to its ``entry_point``.
@@ -1185,15 +1285,24 @@ def run_tests(
     ``test_globals`` is trusted code run in the tests' namespace first (for example the problem's own
     helper functions that the tests call, like HumanEval's ``poly``). Never raises for anything the
     program does; raises ``ValueError`` for unusable tests or arguments.
+
+    With ``peer`` (untrusted code), ``program`` is a *driver*: trusted-side code that still runs
+    sandboxed (say, unittest tests that must drive objects) in a process holding no peer code. The
+    peer runs in a second process beside it (same scratch directory and uid; the driver cannot be
+    ptraced) and the driver reaches it only through ``__sandbox_relay__(name, args, kwargs)``: the
+    caller forwards the call and checks that what comes back is plain data or handles to the peer's
+    objects (``__sandbox_handle__`` / ``__sandbox_object__``, see ``_sandbox_worker.serve_program``).
+    A peer that dies, hangs or breaks the channel fails the test it happened in, whatever the driver
+    says; both are restarted for the next test.
     """
-    if not isinstance(program, str):
-        raise TypeError(f"program must be a str, got {type(program).__name__}: {program!r:.80}")
+    if not isinstance(program, str) or not isinstance(peer, str):
+        raise TypeError(f"program and peer must be str, got {type(program).__name__}, {type(peer).__name__}.")
     if not isinstance(entry_point, str) or not entry_point.isidentifier():
         raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}.")
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}.")
     _parse_suite(tests)  # fail fast on bad tests, outside the sandbox
-    job = SandboxJob(program, tests, entry_point, test_globals, limits)
+    job = SandboxJob(program, tests, entry_point, test_globals, limits, peer)
     fast = _fork_server_status()[0]
     try:
         return _Runner(job, fast).run()
@@ -1228,11 +1337,11 @@ def run_many(jobs: Sequence[SandboxJob]) -> list[ExecutionResult]:
         if not isinstance(job, SandboxJob):
             raise TypeError(f"jobs[{i}] must be a SandboxJob, got {type(job).__name__}.")
     if len(jobs) <= 1:
-        return [run_tests(j.program, j.tests, j.entry_point, test_globals=j.test_globals, limits=j.limits)
-                for j in jobs]
+        return [run_tests(j.program, j.tests, j.entry_point, test_globals=j.test_globals, limits=j.limits,
+                          peer=j.peer) for j in jobs]
     futures = [
         _executor().submit(run_tests, j.program, j.tests, j.entry_point, test_globals=j.test_globals,
-                           limits=j.limits)
+                           limits=j.limits, peer=j.peer)
         for j in jobs
     ]
     return [f.result() for f in futures]

@@ -10,6 +10,7 @@ import signal
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -611,3 +612,88 @@ def test_a_fork_server_that_cannot_start_says_why_and_the_probe_falls_back(sandb
         sandbox._ForkServer()
     fast, reason = sandbox._probe_fork_server()
     assert not fast and "binding the standard library" in reason
+
+
+# A driver (trusted-side code, sandboxed) calling its peer (untrusted) across processes: ClassEval's layout.
+DRIVER = """
+def __sandbox_object__(tag, rest):
+    return ("opaque", rest[0]) if tag == "o" else None
+
+
+def call(name, *args):
+    if name == "dumpable":  # 0: no process of its uid (its peer's) may ptrace it
+        import ctypes
+        return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)
+    return list(__sandbox_relay__(name, args, {}))
+"""
+PEER = """
+import datetime
+
+
+class Thing:
+    def __eq__(self, other):
+        return True
+
+
+def add(a, b):
+    return a + b
+
+
+def thing():
+    return Thing()
+
+
+def today():
+    return datetime.date(2024, 2, 29)
+
+
+def exits():
+    import os
+    os._exit(3)
+
+
+def hangs():
+    while True:
+        pass
+
+
+def attach():
+    import ctypes
+    import os
+    libc = ctypes.CDLL(None, use_errno=True)
+    return [pid for pid in range(1, 128) if pid != os.getpid() and libc.ptrace(16, pid, 0, 0) == 0]
+"""
+PEER_TESTS = """
+import datetime
+
+
+def check(candidate):
+    assert candidate("add", 1, 2) == ["ok", 3]
+    assert candidate("add", 1, "x")[:2] == ["raised", "TypeError"]
+    assert candidate("thing") == ["ok", ("opaque", "Thing")]
+    assert candidate("today") == ["ok", datetime.date(2024, 2, 29)]
+    assert candidate("exits") == ["ok", None]
+    assert candidate("add", 2, 2) == ["ok", 4]
+    assert candidate("hangs") == ["ok", None]
+    assert candidate("add", 2, 3) == ["ok", 5]
+    assert candidate("attach") == ["ok", []]
+    assert candidate("dumpable") == 0
+"""
+
+
+def test_a_driver_calls_its_peer_and_the_peers_failures_are_its_tests():
+    result = _run(DRIVER, PEER_TESTS, "call", peer=PEER, limits=replace(FAST, max_timeouts=2))
+    statuses = [o.status for o in result.outcomes]
+    assert statuses == ["passed"] * 4 + ["error", "passed", "timeout", "passed", "passed", "passed"], result.outcomes
+    assert result.outcomes[4].message == "the program's process exited with status 3"  # the peer's, not the driver's
+    assert result.load_error is None
+
+
+def test_a_peer_that_fails_to_load_fails_every_test_and_a_driver_error_is_named():
+    result = _run(DRIVER, PEER_TESTS, "call", peer="def add(a, b):\n    return a +\n")
+    assert result.reason == "load_error" and result.load_error.startswith("SyntaxError (line 2)")
+    assert {o.status for o in result.outcomes} == {"not_run"}
+    result = _run(DRIVER + "\nimport no_such_module\n", PEER_TESTS, "call", peer=PEER)
+    assert result.load_error.startswith("(the driver) ModuleNotFoundError")
+    result = _run(DRIVER, PEER_TESTS, "call", peer="import os\nos._exit(0)\n")
+    assert result.passed == 0 and "the program's process exited with status 0" in result.outcomes[0].message
