@@ -1,202 +1,33 @@
-"""The env contract, checked on every registered id: PettingZoo's official checks, our own multi-turn
-determinism check, spaces and dtypes, infos, bad input, copying."""
+"""The env contract, checked on every registered id by ``llm_envs.testing.check_env`` (the same code users
+run on their own tasks): PettingZoo's official checks, spaces and observation layout, infos, multi-turn
+determinism, reset options, text vs token-id actions, bad input, reward bounds, token mode, render,
+copying, vector envs and truncation. Then the writing env's own behaviour, bad input in detail and the
+registry."""
 
 from __future__ import annotations
 
 import copy
 import pickle
-import types
 
 import numpy as np
 import pettingzoo
 import pytest
-from env_checks import assert_same, max_turns, turns
-from pettingzoo.test import (
-    api_test,
-    max_cycles_test,
-    parallel_api_test,
-    parallel_seed_test,
-    render_test,
-    seed_test,
-)
-from pettingzoo.utils.conversions import parallel_to_aec
+from pettingzoo.test import parallel_api_test
 
 import llm_envs
 from llm_envs.core.parallel import ParallelLLMEnv
 from llm_envs.core.sequential import SequentialLLMEnv
+from llm_envs.testing import CHECKS, assert_same, run_check
 
 ALL_IDS = llm_envs.list_envs()
 
 
-MULTI_TURN_IDS = [i for i in ALL_IDS if max_turns(i) is None or max_turns(i) >= 2]
-
-
-def protocols_of(env_id: str, kwargs: dict) -> list[str]:
-    return list(llm_envs.make(env_id, **kwargs).task.protocols)
-
-
-def random_actions(env, rng: np.random.Generator, agents=None) -> dict[str, np.ndarray]:
-    """Random token ids that avoid stop ids for a random prefix length, then EOS."""
-    out = {}
-    for agent in agents if agents is not None else env.agents:
-        T = env.max_new_tokens
-        n = int(rng.integers(0, T + 1))
-        ids = rng.integers(0, env.vocab_size, size=T)
-        for stop in env.stop_token_ids:
-            ids[ids == stop] = 0 if stop != 0 else 1
-        if n < T:
-            ids[n] = min(env.stop_token_ids)
-        out[agent] = ids.astype(np.int64)
-    return out
-
-
-# --------------------------------------------------------------------------------- official checks
+@pytest.mark.parametrize("check", CHECKS)
 @pytest.mark.parametrize("env_id", ALL_IDS)
-def test_pettingzoo_official_checks(env_id, env_kwargs_for):
-    kw = {**env_kwargs_for(env_id), "num_turns": turns(env_id, 2)}
-    protocols = protocols_of(env_id, {k: v for k, v in kw.items() if k != "num_turns"})
-    if "parallel" in protocols:
-        parallel_api_test(llm_envs.make(env_id, protocol="parallel", **kw), num_cycles=4)
-        api_test(parallel_to_aec(llm_envs.make(env_id, protocol="parallel", **kw)), num_cycles=4)
-        parallel_seed_test(lambda **k: llm_envs.make(env_id, protocol="parallel", **kw, **k))
-        seed_test(lambda **k: parallel_to_aec(llm_envs.make(env_id, protocol="parallel", **kw, **k)))
-        render_test(lambda **k: parallel_to_aec(llm_envs.make(env_id, protocol="parallel", **kw, **k)))
-    if "sequential" in protocols:
-        api_test(llm_envs.make(env_id, protocol="sequential", **kw), num_cycles=4)
-        seed_test(lambda **k: llm_envs.make(env_id, protocol="sequential", **kw, **k), num_cycles=4)
-        render_test(lambda **k: llm_envs.make(env_id, protocol="sequential", **kw, **k))
-
-
-# max_cycles_test needs a parallel env too; sequential-only ids are covered by test_truncation.
-PARALLEL_IDS = [i for i in MULTI_TURN_IDS if "parallel" in getattr(llm_envs.spec(i).task, "protocols", ("parallel",))]
-
-
-@pytest.mark.parametrize("env_id", PARALLEL_IDS)
-def test_max_cycles(env_id, env_kwargs_for):
-    kw = env_kwargs_for(env_id)
-    protocols = protocols_of(env_id, kw)
-    seq = "sequential" if "sequential" in protocols else "parallel"
-
-    def aec(max_cycles):
-        env = llm_envs.make(env_id, protocol=seq, num_turns=6, max_cycles=max_cycles, **kw)
-        return env if seq == "sequential" else parallel_to_aec(env)
-
-    max_cycles_test(types.SimpleNamespace(
-        env=aec,
-        parallel_env=lambda max_cycles: llm_envs.make(env_id, protocol="parallel", num_turns=6, max_cycles=max_cycles,
-                                                      **kw),
-    ))
-
-
-@pytest.mark.parametrize("env_id", MULTI_TURN_IDS)
-def test_truncation(env_id, env_kwargs_for):
-    kw = env_kwargs_for(env_id)
-    protocol = protocols_of(env_id, kw)[-1]
-    env = llm_envs.make(env_id, protocol=protocol, num_turns=5, max_cycles=2, **kw)
-    env.reset(seed=3)
-    rng = np.random.default_rng(0)
-    steps = 0
-    if protocol == "parallel":
-        while env.agents:
-            _, _, terms, truncs, _ = env.step(random_actions(env, rng))
-            steps += 1
-        assert steps == 2 and all(truncs.values()) and not any(terms.values())
-    else:
-        for agent in env.agent_iter():
-            _, _, term, trunc, _ = env.last()
-            env.step(None if term or trunc else random_actions(env, rng, [agent])[agent])
-            steps += 1
-        assert steps == 2 * len(env.possible_agents) + len(env.possible_agents)
-        assert len(env.history) == 2
-
-
-# ----------------------------------------------------------------------------- determinism
-def rollout(env_id: str, protocol: str, kw: dict, seed: int):
-    env = llm_envs.make(env_id, protocol=protocol, num_turns=turns(env_id, 3), **kw)
-    rng = np.random.default_rng(seed + 1000)
-    trace = []
-    if protocol == "parallel":
-        obs, infos = env.reset(seed=seed)
-        trace.append((obs, infos))
-        while env.agents:
-            trace.append(env.step(random_actions(env, rng)))
-    else:
-        env.reset(seed=seed)
-        for agent in env.agent_iter():
-            obs, rew, term, trunc, info = env.last()
-            trace.append((agent, obs, rew, term, trunc, info))
-            env.step(None if term or trunc else random_actions(env, rng, [agent])[agent])
-    return trace, env.transcript()
-
-
-def first_ids(trace, protocol: str) -> np.ndarray:
-    if protocol == "parallel":
-        return next(iter(trace[0][0].values()))["observation"]
-    return trace[0][1]["observation"]
-
-
-@pytest.mark.parametrize("env_id", ALL_IDS)
-def test_same_seed_same_episode_over_all_turns(env_id, env_kwargs_for):
-    kw = env_kwargs_for(env_id)
-    for protocol in protocols_of(env_id, kw):
-        t1, text1 = rollout(env_id, protocol, kw, seed=11)
-        t2, text2 = rollout(env_id, protocol, kw, seed=11)
-        assert_same(t1, t2)
-        assert text1 == text2
-        t3, _ = rollout(env_id, protocol, kw, seed=12)
-        # A different seed picks a different problem (or at least different actions follow).
-        assert text1 != rollout(env_id, protocol, kw, seed=12)[1] or not np.array_equal(
-            first_ids(t1, protocol), first_ids(t3, protocol)
-        )
-
-
-# --------------------------------------------------------------------------------- spaces, infos
-def reset_any(env):
-    """(observations, infos) per agent for either protocol, before any step."""
-    if isinstance(env, ParallelLLMEnv):
-        return env.reset(seed=0)
-    env.reset(seed=0)
-    return {a: env.observe(a) for a in env.agents}, dict(env.infos)
-
-
-def step_all(env, rng):
-    """One full turn with random actions; (rewards, infos) per agent, for either protocol."""
-    if isinstance(env, ParallelLLMEnv):
-        _, rewards, _, _, infos = env.step(random_actions(env, rng))
-        return rewards, infos
-    for _ in env.possible_agents:
-        env.step(random_actions(env, rng, [env.agent_selection])[env.agent_selection])
-    return dict(env.rewards), dict(env.infos)
-
-
-@pytest.mark.parametrize("env_id", ALL_IDS)
-def test_spaces_dtypes_padding_and_infos(env_id, env_kwargs_for):
-    kw = env_kwargs_for(env_id)
-    env = llm_envs.make(env_id, **kw)
-    obs, infos = reset_any(env)
-    reset_keys = {a: set(i) for a, i in infos.items()}
-    for agent, o in obs.items():
-        space = env.observation_space(agent)
-        assert space is env.observation_space(agent)
-        assert env.action_space(agent) is env.action_space(agent)
-        assert o["observation"].dtype == np.int64 and o["attention_mask"].dtype == np.int8
-        assert o["observation"].shape == (env.max_prompt_tokens,) == o["attention_mask"].shape
-        assert space.contains(o)
-        mask = o["attention_mask"]
-        n = int(mask.sum())
-        assert n > 0 and mask[-n:].all() and not mask[:-n].any(), "left padding: zeros then ones"
-        assert (o["observation"][:-n] == env.pad_token_id).all()
-        ids = o["observation"][-n:].tolist()
-        assert env.text(agent) == env._tok.tokenizer.decode(ids, skip_special_tokens=False)
-        assert infos[agent]["prompt_tokens"] == n
-    rewards, infos2 = step_all(env, np.random.default_rng(0))
-    for agent, info in infos2.items():
-        assert set(info) == reset_keys[agent], "infos must have the same keys at reset and every step"
-        for key, value in info.items():
-            assert isinstance(value, (int, float)) and not isinstance(value, bool), (key, value)
-            assert type(value) is type(infos[agent][key]), key
-        assert isinstance(rewards[agent], float)
-        assert info["turn"] == 1 and info["response_tokens"] <= env.max_new_tokens
+def test_contract(env_id, check, env_kwargs_for):
+    """One check of the contract on one id; a check that does not apply (a single-turn id has no truncation)
+    is skipped with its reason."""
+    run_check(env_id, check, **env_kwargs_for(env_id))
 
 
 # ------------------------------------------------------------------------- writing env behaviour

@@ -15,13 +15,11 @@ import pickle
 import numpy as np
 import pytest
 import tiny_models
-from env_checks import assert_same
-from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, render_test, seed_test
-from pettingzoo.utils.conversions import parallel_to_aec
 
 import llm_envs
 from llm_envs import MixedTokenizersError
 from llm_envs.core.vector import SequentialVectorEnv, VectorEnv
+from llm_envs.testing import assert_same, check_env
 from llm_envs.tokenizers import load_tokenizer
 
 CORPUS = [
@@ -75,21 +73,6 @@ def prompt_text(prompt) -> str:
 
 def visible_ids(obs) -> list[int]:
     return obs["observation"][obs["attention_mask"] == 1].tolist()
-
-
-def random_actions(env, rng: np.random.Generator, agents) -> dict[str, np.ndarray]:
-    """Random ids of each agent's own vocabulary, avoiding its stop ids for a random prefix, then EOS."""
-    out = {}
-    for agent in agents:
-        T, V, stops = env.max_new_tokens, env.vocab_size_of(agent), env.stop_token_ids_of(agent)
-        ids = rng.integers(0, V, size=T)
-        for stop in stops:
-            ids[ids == stop] = min(set(range(V)) - stops)
-        n = int(rng.integers(0, T + 1))
-        if n < T:
-            ids[n] = min(stops)
-        out[agent] = ids.astype(np.int64)
-    return out
 
 
 # ------------------------------------------------------------------------------------ spaces
@@ -330,7 +313,7 @@ def test_vector_envs_with_a_team(toks):
     assert [" was great" in t for t in seq.texts("observer")] == [True, False]
 
 
-# ----------------------------------------------------------------------------- official checks
+# ----------------------------------------------------------------------------- the env contract
 TEAMS = {
     "writing/xsum-v0": ("brief", "detailed"),
     "coding/humaneval-v0": ("helper", "main"),
@@ -354,46 +337,11 @@ def team_kwargs(env_id, toks, env_kwargs_for) -> dict:
 
 
 @pytest.mark.parametrize("env_id", sorted(TEAMS))
-def test_pettingzoo_official_checks_on_a_mixed_team(env_id, toks, env_kwargs_for):
-    kw = team_kwargs(env_id, toks, env_kwargs_for)
-    protocols = llm_envs.make(env_id, **kw).task.protocols
-    if "parallel" in protocols:
-        parallel_api_test(llm_envs.make(env_id, protocol="parallel", **kw), num_cycles=3)
-        api_test(parallel_to_aec(llm_envs.make(env_id, protocol="parallel", **kw)), num_cycles=3)
-        parallel_seed_test(lambda **k: llm_envs.make(env_id, protocol="parallel", **kw, **k))
-        render_test(lambda **k: parallel_to_aec(llm_envs.make(env_id, protocol="parallel", **kw, **k)))
-    if "sequential" in protocols:
-        api_test(llm_envs.make(env_id, protocol="sequential", **kw), num_cycles=3)
-        seed_test(lambda **k: llm_envs.make(env_id, protocol="sequential", **kw, **k), num_cycles=3)
-        render_test(lambda **k: llm_envs.make(env_id, protocol="sequential", **kw, **k))
-
-
-def rollout(env_id: str, protocol: str, kw: dict, seed: int):
-    """The project's multi-step determinism check (tests/test_env_contract.py), with per-agent ids."""
-    env = llm_envs.make(env_id, protocol=protocol, **kw)
-    rng = np.random.default_rng(seed + 1000)
-    trace = []
-    if protocol == "parallel":
-        trace.append(env.reset(seed=seed))
-        while env.agents:
-            trace.append(env.step(random_actions(env, rng, env.agents)))
-    else:
-        env.reset(seed=seed)
-        for agent in env.agent_iter():
-            obs, rew, term, trunc, info = env.last()
-            trace.append((agent, obs, rew, term, trunc, info))
-            env.step(None if term or trunc else random_actions(env, rng, [agent])[agent])
-    return trace, env.transcript()
-
-
-@pytest.mark.parametrize("env_id", sorted(TEAMS))
-def test_same_seed_same_episode_on_a_mixed_team(env_id, toks, env_kwargs_for):
-    kw = team_kwargs(env_id, toks, env_kwargs_for)
-    for protocol in llm_envs.make(env_id, **kw).task.protocols:
-        t1, text1 = rollout(env_id, protocol, kw, seed=11)
-        t2, text2 = rollout(env_id, protocol, kw, seed=11)
-        assert_same(t1, t2)
-        assert text1 == text2
+def test_the_env_contract_on_a_mixed_team(env_id, toks, env_kwargs_for):
+    """Every check of llm_envs.testing.check_env (PettingZoo's official checks, multi-turn determinism, token
+    mode, copies, vector envs, ...) with each agent's own ids."""
+    report = check_env(env_id, **team_kwargs(env_id, toks, env_kwargs_for))
+    assert set(report.skipped) <= {"pettingzoo_parallel", "pettingzoo_max_cycles", "truncation"}, report.skipped
 
 
 # ----------------------------------------------------------------------------- bad mappings, copies

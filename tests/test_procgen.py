@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from env_checks import assert_same
 
 import llm_envs
 from llm_envs import procgen
@@ -33,6 +32,7 @@ from llm_envs.rewards.planning import walk
 from llm_envs.rewards.puzzle import parse_room, play_sokoban
 from llm_envs.tasks.planning import shortest_path
 from llm_envs.tasks.puzzle import count_solutions
+from llm_envs.testing import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY_IDS = ["planning/plan-path-v0", "puzzle/sudoku4-v0", "puzzle/sudoku9-v0", "puzzle/sokoban-v0"]

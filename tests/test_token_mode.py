@@ -1,6 +1,7 @@
 """Token-level stepping (``step_unit="token"``) and flat observations (``obs_format="flat"``) on every
-registered id: PettingZoo's official checks, equivalence with response mode, layout, masks, bad input,
-copying and the vector helper."""
+registered id: PettingZoo's official checks in each variant (token steps against whole responses are the
+contract's token_mode check, tests/test_env_contract.py), layout, masks, bad input, copying and the vector
+helper."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import pickle
 
 import numpy as np
 import pytest
-from env_checks import assert_same, turns
-from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, render_test, seed_test
-from pettingzoo.utils.conversions import parallel_to_aec
 
 import llm_envs
 from llm_envs.core.parallel import ParallelLLMEnv
 from llm_envs.core.vector import VectorEnv
+from llm_envs.testing import PETTINGZOO_CHECKS, assert_same, check_env, prompt_ids
 
 ALL_IDS = llm_envs.list_envs()
 VARIANTS = {
@@ -26,154 +25,13 @@ VARIANTS = {
 T = 4  # max_new_tokens: small so that turns resolve within the official checks' few cycles
 
 
-def protocols_of(env_id: str) -> tuple[str, ...]:
-    return tuple(llm_envs.spec(env_id).task.protocols)
-
-
-def turns_of(env_id: str) -> int:
-    """2 (multi-turn) where the task allows it, else its maximum."""
-    return turns(env_id, 2)
-
-
 # --------------------------------------------------------------------------------- official checks
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("env_id", ALL_IDS)
 def test_pettingzoo_official_checks(env_id, variant, env_kwargs_for):
-    kw = {**env_kwargs_for(env_id), **VARIANTS[variant], "max_new_tokens": T, "num_turns": turns_of(env_id)}
-    cycles = 3 * T if "token" in variant else 4  # enough steps for every turn to resolve
-
-    def par(**k):
-        return llm_envs.make(env_id, protocol="parallel", **kw, **k)
-
-    def seq(**k):
-        return llm_envs.make(env_id, protocol="sequential", **kw, **k)
-
-    def seeded(env):
-        """render_test samples actions unseeded, and with flat observations it cannot see the action mask
-        (it looks for one in a Dict observation only): a stop token drawn by chance (~1 in 10^4 runs) ends
-        a response early, and the next unmasked draw is rightly refused. Seeded spaces make its draws
-        the same on every run."""
-        for agent in env.possible_agents:
-            env.action_space(agent).seed(0)
-        return env
-
-    if "parallel" in protocols_of(env_id):
-        parallel_api_test(par(), num_cycles=cycles)
-        api_test(parallel_to_aec(par()), num_cycles=cycles)
-        parallel_seed_test(par)
-        seed_test(lambda **k: parallel_to_aec(par(**k)), num_cycles=cycles)
-        render_test(lambda **k: seeded(parallel_to_aec(par(**k))))
-    if "sequential" in protocols_of(env_id):
-        api_test(seq(), num_cycles=cycles)
-        seed_test(seq, num_cycles=cycles)
-        render_test(lambda **k: seeded(seq(**k)))
-
-
-# ------------------------------------------------------------------------------------ equivalence
-def scripted_responses(env, rng: np.random.Generator, num_turns: int) -> list[dict[str, list[int]]]:
-    """Per turn, per agent: token ids without stop ids, of every length from 0 to max_new_tokens."""
-    stops = env.stop_token_ids
-    script = []
-    for _ in range(num_turns):
-        turn = {}
-        for agent in env.possible_agents:
-            n = int(rng.integers(0, env.max_new_tokens + 1))
-            ids = [int(t) for t in rng.integers(3, env.vocab_size, size=n)]
-            turn[agent] = [t if t not in stops else 3 for t in ids]
-        script.append(turn)
-    return script
-
-
-def as_response_action(env, ids: list[int]) -> np.ndarray:
-    """A whole response; shorter ones end with EOS and junk after it (ignored)."""
-    out = np.full(env.max_new_tokens, 17, np.int64)
-    out[: len(ids)] = ids
-    if len(ids) < env.max_new_tokens:
-        out[len(ids)] = min(env.stop_token_ids)
-    return out
-
-
-def token_stream(env, ids: list[int]) -> list[int]:
-    """The same response one token at a time: its ids, then EOS if it ends before max_new_tokens."""
-    return ids + ([min(env.stop_token_ids)] if len(ids) < env.max_new_tokens else [])
-
-
-def prompt_ids(obs) -> list[int]:
-    n = int(obs["attention_mask"].sum())
-    return obs["observation"][len(obs["observation"]) - n :].tolist()
-
-
-def run_parallel(env, script, seed: int):
-    """Per turn boundary: (prompt ids per agent, rewards, terminations, truncations, infos)."""
-    obs, infos = env.reset(seed=seed)
-    trace = [({a: prompt_ids(o) for a, o in obs.items()}, infos)]
-    for turn in script:
-        if env.step_unit == "response":
-            out = env.step({a: as_response_action(env, turn[a]) for a in env.agents})
-        else:
-            streams = {a: token_stream(env, turn[a]) for a in env.agents}
-            steps = max(len(s) for s in streams.values())
-            for k in range(steps):
-                for agent in env.agents:
-                    expected = k < len(streams[agent])
-                    assert bool(obs[agent]["action_mask"].all()) == expected, (agent, k)
-                actions = {a: s[k] if k < len(s) else env.pad_token_id for a, s in streams.items()}
-                out = env.step(actions)
-                obs = out[0]
-                if k < steps - 1:
-                    assert set(out[1].values()) == {0.0} and not any(out[2].values())
-                    assert all(set(i) == set(trace[0][1][a]) for a, i in out[4].items())
-        obs = out[0]
-        trace.append(({a: prompt_ids(o) for a, o in out[0].items()}, *out[1:]))
-    return trace
-
-
-def run_sequential(env, script, seed: int):
-    """Per turn boundary: (prompt ids per agent, rewards, cumulative rewards, terminations, infos)."""
-    env.reset(seed=seed)
-
-    def snapshot():
-        prompts = {a: prompt_ids(env.observe(a)) for a in env.possible_agents}
-        return (prompts, dict(env.rewards), dict(env._cumulative_rewards), dict(env.terminations),
-                dict(env.truncations), copy.deepcopy(env.infos))
-
-    trace = [snapshot()]
-    for turn in script:
-        for agent in env.possible_agents:
-            assert env.agent_selection == agent
-            if env.step_unit == "response":
-                env.step(as_response_action(env, turn[agent]))
-                continue
-            stream = token_stream(env, turn[agent])
-            for k, token in enumerate(stream):
-                assert env.agent_selection == agent
-                assert env.observe(agent)["action_mask"].all()
-                others = [a for a in env.possible_agents if a != agent]
-                assert all(env.observe(a)["action_mask"].sum() == 1 for a in others)
-                env.step(token)
-                if agent != env.possible_agents[-1] or k < len(stream) - 1:
-                    assert set(env.rewards.values()) == {0.0}
-        trace.append(snapshot())
-    return trace
-
-
-@pytest.mark.parametrize("env_id", ALL_IDS)
-def test_token_steps_equal_whole_responses(env_id, env_kwargs_for):
-    kw = {**env_kwargs_for(env_id), "max_new_tokens": 5, "num_turns": turns_of(env_id)}
-    for protocol in protocols_of(env_id):
-        for seed in (0, 1):
-            whole = llm_envs.make(env_id, protocol=protocol, **kw)
-            tokens = llm_envs.make(env_id, protocol=protocol, step_unit="token", **kw)
-            script = scripted_responses(whole, np.random.default_rng(seed), whole.num_turns)
-            run = run_parallel if protocol == "parallel" else run_sequential
-            expected = run(whole, script, seed)
-            got = run(tokens, script, seed)
-            assert got == expected, (env_id, protocol, seed)
-            assert tokens.transcript() == whole.transcript()
-            assert tokens.history == whole.history
-            assert [r.outputs[a].ids for r in tokens.history for a in r.outputs] == [
-                tuple(turn[a]) for turn in script for a in tokens.possible_agents
-            ]
+    """PettingZoo's checks in each variant (llm_envs.testing runs 3 x T cycles in token mode, so that every turn
+    resolves). Token steps against whole responses: the token_mode check of tests/test_env_contract.py."""
+    check_env(env_id, checks=PETTINGZOO_CHECKS, max_new_tokens=T, **VARIANTS[variant], **env_kwargs_for(env_id))
 
 
 # ------------------------------------------------------------------------------------ layout

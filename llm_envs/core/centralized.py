@@ -177,6 +177,7 @@ class CentralizedTask(Task):
         self.default_max_new_tokens = n * task.default_max_new_tokens  # type: ignore[misc]
         self.default_max_prompt_tokens = n * task.default_max_prompt_tokens + FORMAT_TOKENS  # type: ignore[misc]
         self.max_reward = task.max_reward  # type: ignore[misc]
+        self.min_reward = task.min_reward  # type: ignore[misc]
         self.max_turns = task.max_turns  # type: ignore[misc]
         inner_description = task.description or type(task).__name__
         self.description = f"One model writes every role ({', '.join(roles)}) of: {inner_description}"  # type: ignore[misc]

@@ -108,6 +108,9 @@ class Task:
     default_max_new_tokens: ClassVar[int] = 256
     default_max_prompt_tokens: ClassVar[int] = 1024
     max_reward: ClassVar[float] = math.inf
+    """Highest joint reward of a turn (inf: not declared); ``llm_envs.testing.check_env`` holds rewards to it."""
+    min_reward: ClassVar[float] = -math.inf
+    """Lowest joint reward of a turn (-inf: not declared)."""
     max_turns: ClassVar[int | None] = None
     """Most turns an episode may have (None: any); ``make`` rejects a larger ``num_turns``."""
     description: ClassVar[str] = ""

@@ -1,0 +1,139 @@
+"""Check an env, or a task of your own, against the env contract the way the suite checks its own ids.
+
+``check_env(id_or_env, **make_kwargs)`` runs PettingZoo's official checks and then the rest of the
+contract (docs/env-contract.md), and returns a :class:`CheckReport`; a property that does not hold
+raises :class:`EnvCheckError` (an ``AssertionError``) naming the check, the agent and the problem, with
+how to fix the usual causes. ``check_task(task, **env_kwargs)`` does the same for a ``Task`` object.
+The suite's own contract tests (tests/test_env_contract.py) are these calls on every registered id.
+Nothing here imports torch or pytest (the pytest helpers import it when called).
+
+=======================  ==========================================================================
+check                    what must hold
+=======================  ==========================================================================
+pettingzoo_parallel      PettingZoo's ``parallel_api_test`` (parallel protocol)
+pettingzoo_aec           PettingZoo's ``api_test``: the sequential env, ``parallel_to_aec`` of the parallel one
+pettingzoo_seed          PettingZoo's ``parallel_seed_test`` and ``seed_test``
+pettingzoo_render        PettingZoo's ``render_test``
+pettingzoo_max_cycles    PettingZoo's ``max_cycles_test`` (parallel tasks of 6+ turns)
+spaces                   observations in their spaces, int64 ids / int8 mask, left padding with the pad id,
+                         ``env.text(agent)`` their decoding: sampled problems of both splits, a whole episode
+infos                    numbers only, the same keys and types at reset and after every step
+determinism              same seed and actions: same observations, rewards, infos, transcript (whole episode)
+options                  ``task_index`` pins the problem whatever the seed; ``split``; a bad index raises
+text_vs_ids              a ``str`` action and its token ids (junk after EOS) give the same response and reward
+bad_actions              empty and junk responses get a finite reward; out-of-range / overlong / float / 2-D /
+                         ``None`` actions and wrong agent keys raise naming the agent and change nothing
+reward_bounds            finite float rewards within the task's ``[min_reward, max_reward]`` where declared
+token_mode               ``step_unit="token"`` ends every turn exactly as whole responses do
+render                   ``"ansi"`` returns the transcript (every prompt and response), ``"human"`` prints it
+copy                     ``deepcopy`` and ``pickle`` mid-episode continue identically; a pickle is small
+vector                   each row of ``make_vec`` is what a single env with its seed and actions gives
+truncation               ``max_cycles < num_turns`` truncates after ``max_cycles`` turns
+=======================  ==========================================================================
+
+A check that does not apply is skipped with its reason (a single-turn task has no truncation, an
+env *object* cannot be rebuilt in token mode: pass its id, or the task to :func:`check_task`).
+``checks=[...]`` runs some checks only and ``skip=[...]`` leaves some out; ``raise_errors=False``
+returns the report with its failures instead of raising. Multi-turn checks play 2-3 turns where the
+task allows (unless ``num_turns`` is given); the checks about whole responses build the env with
+``step_unit="response"``.
+
+>>> import llm_envs
+>>> from llm_envs.testing import check_env
+>>> report = check_env("writing/xsum-v0", checks=["spaces", "determinism", "text_vs_ids"])
+>>> sorted(report.passed), report.skipped
+(['determinism', 'spaces', 'text_vs_ids'], {})
+
+In a test file, one line per env (each check is its own test; ``pytest --llm-envs-check ID`` does the
+same from the command line, see :mod:`llm_envs.testing.pytest_plugin`)::
+
+    import my_tasks  # registers "mine/echo-v0"
+    from llm_envs.testing import env_test
+
+    test_echo = env_test("mine/echo-v0")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_envs.core.task import Task
+from llm_envs.testing.checks import CHECKS, PETTINGZOO_CHECKS, Subject, describe_checks, run_checks
+from llm_envs.testing.episodes import assert_same, first_difference, play, prompt_ids, random_actions
+from llm_envs.testing.report import CheckReport, EnvCheckError
+
+__all__ = [
+    "CHECKS",
+    "PETTINGZOO_CHECKS",
+    "CheckReport",
+    "EnvCheckError",
+    "assert_same",
+    "check_env",
+    "check_task",
+    "describe_checks",
+    "env_test",
+    "first_difference",
+    "play",
+    "prompt_ids",
+    "random_actions",
+    "run_check",
+]
+
+
+def check_env(env_or_id: Any, *, checks: Any = None, skip: Any = (), raise_errors: bool = True,
+              **make_kwargs: Any) -> CheckReport:
+    """Check a registered id (built with ``llm_envs.make(id, **make_kwargs)``) or an env object against the
+    env contract.
+
+    Args:
+        env_or_id: a registered id (``"mine/echo-v0"``), or an env from ``llm_envs.make`` (or of a subclass
+            of its classes): it is deep-copied, never stepped itself; checks that need it rebuilt with other
+            arguments (token mode, more turns, the other protocol) are skipped.
+        checks: names of the checks to run (default: all of :data:`CHECKS`, in that order).
+        skip: names of checks to leave out.
+        raise_errors: raise the first failure's :class:`EnvCheckError` (its ``.report`` holds them all); with
+            False, return the report and let the caller read ``report.failed``.
+        **make_kwargs: arguments of ``llm_envs.make`` (``protocol=`` checks that protocol only;
+            ``data_path=``, ``tokenizer=``, ``max_new_tokens=``, ...).
+
+    Returns:
+        A :class:`CheckReport`: what passed (and in how many seconds), what was skipped and why.
+    """
+    __tracebackhide__ = True
+    return run_checks(Subject.of(env_or_id, make_kwargs), checks, skip, raise_errors)
+
+
+def check_task(task: Task, *, checks: Any = None, skip: Any = (), raise_errors: bool = True,
+               **env_kwargs: Any) -> CheckReport:
+    """:func:`check_env` for a :class:`~llm_envs.Task` object, unregistered: its envs are the protocol classes
+    (``ParallelLLMEnv(task, **env_kwargs)``, ``SequentialLLMEnv(...)``) for each protocol the task allows."""
+    __tracebackhide__ = True
+    return run_checks(Subject.of_task(task, env_kwargs), checks, skip, raise_errors)
+
+
+def run_check(env_or_id: Any, check: str, **make_kwargs: Any) -> CheckReport:
+    """One check inside a pytest test: a check that does not apply skips the test, a failure fails it with the
+    check's message (no traceback into the checks)."""
+    import pytest
+
+    report = check_env(env_or_id, checks=[check], raise_errors=False, **make_kwargs)
+    if report.failed:
+        pytest.fail(str(report.failed[check]), pytrace=False)
+    if check in report.skipped:
+        pytest.skip(f"{check}: {report.skipped[check]}")
+    return report
+
+
+def env_test(*env_ids: str, checks: Any = None, **make_kwargs: Any) -> Any:
+    """A pytest test function of every check (or ``checks``) on each of ``env_ids``, one test per (id,
+    check): ``test_mine = env_test("mine/echo-v0")`` in a test file is the whole test."""
+    import pytest
+
+    names = list(CHECKS if checks is None else checks)
+
+    @pytest.mark.parametrize("check", names)
+    @pytest.mark.parametrize("env_id", env_ids)
+    def test_env_contract(env_id: str, check: str) -> None:
+        run_check(env_id, check, **make_kwargs)
+
+    return test_env_contract
