@@ -45,6 +45,7 @@ import builtins
 import concurrent.futures
 import functools
 import json
+import marshal
 import math
 import operator
 import os
@@ -239,6 +240,8 @@ class SandboxJob:
     limits: SandboxLimits = DEFAULT_LIMITS
     peer: str = ""
     """An untrusted program that ``program`` drives (see :func:`run_tests`); "" for none."""
+    prelude: str = ""
+    """Trusted code run in the program's process before it (see :func:`run_tests`)."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -712,9 +715,11 @@ class _Channel:
                     raise self._gone() from None
                 data = data[written:]
 
-    def load(self, program: str, deadline: float) -> str | None:
+    def load(self, program: str, deadline: float, prelude: str = "") -> str | None:
         """Send the program; returns its load error text, or None when it is ready."""
         init: dict[str, Any] = {"program": program, "filename": PROGRAM_FILENAME}
+        if prelude:
+            init["prelude"] = _compiled(prelude)
         if self.peer_program is not None:
             init.update(peer_program=self.peer_program, max_bytes=self.limits.max_result_bytes)
         self._write_frame(init, deadline)
@@ -852,7 +857,7 @@ class _Worker(_Channel):
     def _peer_death_reason(self) -> tuple[int | None, int | None]:
         return self._exit_of(self.peer_proc)
 
-    def start(self, program: str, deadline: float) -> str | None:
+    def start(self, program: str, deadline: float, prelude: str = "") -> str | None:
         """Start the process and load the program; returns the load error text, or None."""
         frame = self._read_frame(deadline)
         if not isinstance(frame.get("pid"), int):
@@ -860,7 +865,7 @@ class _Worker(_Channel):
         self.pid = frame["pid"]
         if self.peer_program is not None and self.peer_pid is None:
             raise _WorkerGone("crashed", "the sandbox worker of the program failed to start")
-        return self.load(program, deadline)
+        return self.load(program, deadline, prelude)
 
     def kill(self) -> None:
         """Kill the process (and its peer); inside its own PID namespace that kills every process it
@@ -917,8 +922,8 @@ class _ForkedWorker(_Channel):
         self.pid = reply["pid"]
         server.programs += 1
 
-    def start(self, program: str, deadline: float) -> str | None:
-        return self.load(program, deadline)
+    def start(self, program: str, deadline: float, prelude: str = "") -> str | None:
+        return self.load(program, deadline, prelude)
 
     def _end(self, grace_s: float, wait_for: str = "main") -> None:
         """Have the server kill and reap the process (its peer, namespaces, scratch and IPC objects go
@@ -1081,6 +1086,18 @@ def _compile_globals(source: str) -> Any:
     return compile(source, "<test globals>", "exec")
 
 
+@functools.lru_cache(maxsize=64)
+def _compiled(prelude: str) -> str:
+    """A prelude's code object, marshalled (hex) for the program's process: the caller and the worker run
+    the same interpreter."""
+    with AST_LOCK:
+        try:
+            code = compile(prelude, "<prelude>", "exec", dont_inherit=True)
+        except SyntaxError as err:
+            raise ValueError(f"The prelude does not compile (line {err.lineno}: {err.msg}).") from None
+    return marshal.dumps(code).hex()
+
+
 class _Runner:
     """Runs one program against one test suite; the caller side of the sandbox."""
 
@@ -1140,7 +1157,7 @@ class _Runner:
         self.restarts += 1
         try:
             self.worker = self._new_worker()
-            error = self.worker.start(self.job.program, min(self.deadline, self.test_deadline))
+            error = self.worker.start(self.job.program, min(self.deadline, self.test_deadline), self.job.prelude)
         except _WorkerGone as gone:
             if self.worker is not None:
                 self.worker.kill()
@@ -1278,6 +1295,7 @@ def run_tests(
     test_globals: str = "",
     limits: SandboxLimits = DEFAULT_LIMITS,
     peer: str = "",
+    prelude: str = "",
 ) -> ExecutionResult:
     """Run ``program`` (untrusted) in the sandbox and judge each test statement of ``tests`` (a
     HumanEval-style ``check(candidate)`` source) with ``candidate`` bound to its ``entry_point``.
@@ -1294,6 +1312,10 @@ def run_tests(
     objects (``__sandbox_handle__`` / ``__sandbox_object__``, see ``_sandbox_worker.serve_program``).
     A peer that dies, hangs or breaks the channel fails the test it happened in, whatever the driver
     says; both are restarted for the next test.
+
+    ``prelude`` is trusted code run in the program's namespace before the program (a driver's harness):
+    compiled once in the caller and sent as a code object, so that the same prelude is not compiled
+    again for every program.
     """
     if not isinstance(program, str) or not isinstance(peer, str):
         raise TypeError(f"program and peer must be str, got {type(program).__name__}, {type(peer).__name__}.")
@@ -1302,7 +1324,9 @@ def run_tests(
     if not isinstance(limits, SandboxLimits):
         raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}.")
     _parse_suite(tests)  # fail fast on bad tests, outside the sandbox
-    job = SandboxJob(program, tests, entry_point, test_globals, limits, peer)
+    if prelude:
+        _compiled(prelude)  # fail fast on a bad prelude, outside the sandbox
+    job = SandboxJob(program, tests, entry_point, test_globals, limits, peer, prelude)
     fast = _fork_server_status()[0]
     try:
         return _Runner(job, fast).run()
@@ -1338,10 +1362,10 @@ def run_many(jobs: Sequence[SandboxJob]) -> list[ExecutionResult]:
             raise TypeError(f"jobs[{i}] must be a SandboxJob, got {type(job).__name__}.")
     if len(jobs) <= 1:
         return [run_tests(j.program, j.tests, j.entry_point, test_globals=j.test_globals, limits=j.limits,
-                          peer=j.peer) for j in jobs]
+                          peer=j.peer, prelude=j.prelude) for j in jobs]
     futures = [
         _executor().submit(run_tests, j.program, j.tests, j.entry_point, test_globals=j.test_globals,
-                           limits=j.limits, peer=j.peer)
+                           limits=j.limits, peer=j.peer, prelude=j.prelude)
         for j in jobs
     ]
     return [f.result() for f in futures]

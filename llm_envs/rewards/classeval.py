@@ -6,8 +6,8 @@ The methods to write are those of the class whose body is empty: only a docstrin
 removed, dedented) every ``def`` of a method to write is taken, at the top level or inside a ``class``;
 stray code is never run. An agent's method is *valid* when it is there and parses. The merged class is
 the skeleton with every valid method replacing its stub, taken from the agent it is assigned to. It is
-compiled in this process (compiling runs nothing); then the class and its tests run in the sandbox,
-one program per class, each test method judged on its own with its own time limit.
+compiled in this process (compiling runs nothing); then it runs in the sandbox, each test method
+judged on its own with its own time limit.
 
 =============  ===========  ==========================================================================
 component      value        when
@@ -19,12 +19,22 @@ component      value        when
 
 All three are 0 when the merged class does not compile. Maximum 6.0.
 
-The tests run beside the class in its sandboxed process (they build and inspect its objects), so a
-class could in principle tamper with the unittest machinery there. A static guard refuses such code
-before anything runs: a method that imports ``unittest``, ``sys``, ``gc``, ``inspect``, ``importlib``,
-``builtins``, ``ctypes`` or ``__main__``, or names ``globals``, ``eval``, ``exec``, ``compile``,
-``__import__``, frames or code objects, gets no test run (``tests`` 0; the diagnostics say which
-name). A guard, not a proof; the sandbox's process isolation holds regardless.
+The verdict never shares a process with generated code. Each class runs as a sandbox *driver/peer*
+pair (``SandboxJob.peer``): the tests' process (the driver) holds the skeleton's module-level code, the
+unittest tests and a proxy in place of each class of the skeleton (:data:`DRIVER_HARNESS`); the merged
+class runs in the class's process (the peer) beside it, in the same scratch directory (a test that
+writes a file for the class to read, or reads the class's file, works as in one process). Every use of
+a class (building one, calling a method, reading, setting or deleting an attribute, the special
+methods the skeleton's class defines) is a call into the class's process, and what comes back is plain
+data, a reference to an object there (a proxy: equal only to itself, no truth value) or an opaque value
+for an object of a type the program made (equal only to itself, no truth value). An exception crosses
+as its type name and message and is raised again in the tests' process as that builtin type (or a new
+exception class of that name). Lists, dicts and sets read from attributes are views: mutating one
+mutates the attribute in the class's process, and views are refreshed after every call; a list, dict
+or set passed to a method comes back as the method left it. So a class changes which tests pass only
+through what its methods return: a patched ``unittest``, patched builtins, an always-equal object, an
+early exit or a forged frame act in its own process only. No deny-list is needed (the one this reward
+had refused honest ``eval`` and ``re.compile`` in 3 real classes).
 
 >>> skeleton = "class Box:\\n    def get(self):\\n        '''The value.'''\\n"
 >>> methods_to_write(skeleton, "Box")
@@ -162,7 +172,7 @@ def _ce_mutate(target, path, method, args, kwargs):
 # program made: equal only to itself, no truth value). Lists, dicts and sets read from attributes are
 # views: mutating one mutates the attribute in the class's process, and every view is refreshed from
 # it after each call, as aliases of the attribute would be.
-_DRIVER_HARNESS = """
+DRIVER_HARNESS = """
 import builtins as _ce_builtins
 import sys as _ce_sys
 import unittest as _ce_unittest
@@ -606,10 +616,11 @@ def _proxy_line(node: ast.ClassDef) -> str:
 
 @functools.lru_cache(maxsize=256)
 def driver_program(skeleton: str, tests: str) -> str:
-    """The tests' side of a class's run: the skeleton's module-level code (its imports, which the tests
-    use too) with each class replaced by a proxy to the class's process, then the tests and the entry
-    point. It holds no generated code: only the skeleton's module level and the tests, dataset text."""
-    parts = [_DRIVER_HARNESS]
+    """The tests' side of a class's run, after :data:`DRIVER_HARNESS` (the job's prelude): the skeleton's
+    module-level code (its imports, which the tests use too) with each class replaced by a proxy to the
+    class's process, then the tests and the entry point. It holds no generated code: only the
+    skeleton's module level and the tests, dataset text."""
+    parts = []
     with AST_LOCK:
         for node in parse_python(skeleton).body:
             if isinstance(node, ast.ClassDef):
@@ -714,7 +725,7 @@ def _job(score: ClassScore, skeleton: str, tests: str, limits: SandboxLimits) ->
     if not ids:
         return None
     return SandboxJob(driver_program(skeleton, tests), check_source(ids), ENTRY_POINT, limits=limits,
-                      peer=peer_program(score.program, skeleton))
+                      peer=peer_program(score.program, skeleton), prelude=DRIVER_HARNESS)
 
 
 def _finish(score: ClassScore, tests: str, result: ExecutionResult | None) -> ClassScore:

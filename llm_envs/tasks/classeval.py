@@ -45,9 +45,11 @@ component      value        when
 =============  ===========  ==========================================================================
 
 0 in all when the merged class does not compile. The class and its tests run in
-:mod:`llm_envs.sandbox` (the isolation of the HumanEval envs): one program per class, each test method
-judged on its own with ``test_timeout_s`` (default 5 s), the whole class ``timeout_s`` (default 30 s);
-a test that hangs fails and the step returns. The sandbox has the standard library only: the few
+:mod:`llm_envs.sandbox` (the isolation of the HumanEval envs), in two processes: the tests in one that
+holds no generated code, the class in the other, every use of the class crossing between them as plain
+data (see :mod:`llm_envs.rewards.classeval`). Each test method is judged on its own with
+``test_timeout_s`` (default 5 s), the whole class ``timeout_s`` (default 30 s); a test that hangs fails
+and the step returns. The sandbox has the standard library only: the few
 ClassEval classes that import third-party packages (numpy, PIL, ...) cannot pass there.
 :meth:`ClassEvalTask.solve` splits the row's ``solution_code`` between the agents (the oracle).
 
