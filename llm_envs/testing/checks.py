@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import io
 import math
 import pickle
@@ -90,6 +91,17 @@ def _check(name: str, what: str, hint: str) -> Callable:
         return fn
 
     return register
+
+
+def _each_protocol(fn: Callable[[Subject, str], None]) -> Callable[[Subject], None]:
+    """A check run once under each protocol the subject has."""
+
+    @functools.wraps(fn)
+    def run(subject: Subject) -> None:
+        for protocol in subject.protocols:
+            fn(subject, protocol)
+
+    return run
 
 
 # ------------------------------------------------------------------------------------ the subject
@@ -359,58 +371,56 @@ def _check_observation(env: Any, agent: str, obs: Any, info: Mapping[str, Any] |
         "max_prompt_tokens, left-padded with the agent's pad id. A prompt longer than max_prompt_tokens: make the env "
         "with a larger max_prompt_tokens (register(..., max_prompt_tokens=N)) or shorten the prompt; an env subclass "
         "must not change the observation's layout.")
-def check_spaces(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        env = subject.env(protocol)
-        for split, index in _sample_problems(env):
-            try:
-                obs, infos = reset_observe(env, seed=0, options={"split": split, "task_index": index})
-            except ValueError as err:
-                if "max_prompt_tokens" not in str(err):
-                    raise
-                raise EnvCheckError("spaces", f"the prompt does not fit the observation: {err}",
-                                    problem=problem_label(env)) from err
-            for agent, o in obs.items():
-                _check_observation(env, agent, o, infos[agent])
-        env = subject.env(protocol, **subject.turns(TURNS))
+@_each_protocol
+def check_spaces(subject: Subject, protocol: str) -> None:
+    env = subject.env(protocol)
+    for split, index in _sample_problems(env):
+        try:
+            obs, infos = reset_observe(env, seed=0, options={"split": split, "task_index": index})
+        except ValueError as err:
+            if "max_prompt_tokens" not in str(err):
+                raise
+            raise EnvCheckError("spaces", f"the prompt does not fit the observation: {err}",
+                                problem=problem_label(env)) from err
+        for agent, o in obs.items():
+            _check_observation(env, agent, o, infos[agent])
+    env = subject.env(protocol, **subject.turns(TURNS))
 
-        def check(env: Any, moment: dict[str, Any]) -> None:
-            for agent, o in moment["observations"].items():
-                _check_observation(env, agent, o, None)
+    def check(env: Any, moment: dict[str, Any]) -> None:
+        for agent, o in moment["observations"].items():
+            _check_observation(env, agent, o, None)
 
-        play(env, SEED, np.random.default_rng(SEED), on_moment=check)
-    return None
+    play(env, SEED, np.random.default_rng(SEED), on_moment=check)
 
 
 @_check("infos", "infos: numbers only, the same keys and types at reset and after every step",
         "infos hold numbers only (int or float, no strings, bools or arrays) with the same keys and types at reset "
         "and at every step (TorchRL and RLlib build their specs from the first infos): give every key a value at "
         "reset (0 or 0.0) and never add one later; name reward components in the task's reward_components.")
-def check_infos(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        env = subject.env(protocol, **subject.turns(TURNS))
-        moments = play(env, SEED, np.random.default_rng(SEED))
-        first = moments[0]["infos"]
-        for step, moment in enumerate(moments):
-            for agent, info in moment["infos"].items():
-                where = {"agent": agent, "problem": problem_label(env), "turn": moment["turn"]}
-                if not isinstance(info, Mapping):
-                    raise EnvCheckError("infos", f"infos[agent] is a {type(info).__name__}, not a dict", **where)
-                for key, value in info.items():
-                    if not isinstance(value, (int, float)) or isinstance(value, bool):
-                        raise EnvCheckError("infos", f"infos[{key!r}] is {short(value)} ({type(value).__name__}) "
-                                            f"at step {step}: numbers only (int or float)", **where)
-                if agent not in first:
-                    continue
-                added, removed = sorted(set(info) - set(first[agent])), sorted(set(first[agent]) - set(info))
-                if added or removed:
-                    raise EnvCheckError("infos", f"infos keys changed between reset and step {step}: added {added}, "
-                                        f"removed {removed}", **where)
-                for key, value in info.items():
-                    if type(value) is not type(first[agent][key]):
-                        raise EnvCheckError("infos", f"infos[{key!r}] is {type(first[agent][key]).__name__} at reset "
-                                            f"but {type(value).__name__} at step {step}", **where)
-    return None
+@_each_protocol
+def check_infos(subject: Subject, protocol: str) -> None:
+    env = subject.env(protocol, **subject.turns(TURNS))
+    moments = play(env, SEED, np.random.default_rng(SEED))
+    first = moments[0]["infos"]
+    for step, moment in enumerate(moments):
+        for agent, info in moment["infos"].items():
+            where = {"agent": agent, "problem": problem_label(env), "turn": moment["turn"]}
+            if not isinstance(info, Mapping):
+                raise EnvCheckError("infos", f"infos[agent] is a {type(info).__name__}, not a dict", **where)
+            for key, value in info.items():
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise EnvCheckError("infos", f"infos[{key!r}] is {short(value)} ({type(value).__name__}) "
+                                        f"at step {step}: numbers only (int or float)", **where)
+            if agent not in first:
+                continue
+            added, removed = sorted(set(info) - set(first[agent])), sorted(set(first[agent]) - set(info))
+            if added or removed:
+                raise EnvCheckError("infos", f"infos keys changed between reset and step {step}: added {added}, "
+                                    f"removed {removed}", **where)
+            for key, value in info.items():
+                if type(value) is not type(first[agent][key]):
+                    raise EnvCheckError("infos", f"infos[{key!r}] is {type(first[agent][key]).__name__} at reset "
+                                        f"but {type(value).__name__} at step {step}", **where)
 
 
 @_check("determinism", "same seed and actions: the same observations, rewards, flags, infos and transcript over a "
@@ -419,39 +429,38 @@ def check_infos(subject: Subject) -> list[str] | None:
         "randomness (random, np.random, uuid), the clock, a set's order or a cache that changes the result; make any "
         "randomness a function of the problem (e.g. random.Random(problem['id']), as llm_envs.procgen.instance_random "
         "does). An env subclass must draw the problem from self.np_random, which reset(seed) seeds.")
-def check_determinism(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        envs = [subject.env(protocol, **subject.turns(TURNS)) for _ in range(2)]
-        runs = [play(env, SEED, np.random.default_rng(SEED)) for env in envs]
-        if len(runs[0]) != len(runs[1]):
-            raise EnvCheckError("determinism", f"two episodes with seed {SEED} and the same actions took "
-                                f"{len(runs[0])} "
-                                f"and {len(runs[1])} steps", problem=problem_label(envs[0]))
-        for step, (m1, m2) in enumerate(zip(*runs)):
-            for part in MOMENT_PARTS:
-                for agent in dict.fromkeys([*m1[part], *m2[part]]):
-                    found = first_difference(m1[part].get(agent), m2[part].get(agent), part)
-                    if found:
-                        raise EnvCheckError(
-                            "determinism", f"{part} differ between two episodes with seed {SEED} and the same actions "
-                            f"({protocol}, step {step}): {found}", agent=agent, problem=problem_label(envs[0]),
-                            turn=m1["turn"])
-        t1, t2 = (env.transcript() for env in envs)
-        if t1 != t2:
-            line = next(i for i, (x, y) in enumerate(zip([*t1.splitlines(), ""], [*t2.splitlines(), ""])) if x != y)
-            raise EnvCheckError("determinism", f"the transcripts of two episodes with seed {SEED} differ at line "
-                                f"{line}: "
-                                f"{short(t1.splitlines()[line:line + 1])} vs {short(t2.splitlines()[line:line + 1])}",
-                                problem=problem_label(envs[0]))
-        env = envs[0]
-        n = len(env.task.problems("train"))
-        if n > 1:
-            picked = {reset_observe(env, seed=s)[1][env.possible_agents[0]]["task_index"] for s in range(16)}
-            if len(picked) == 1:
-                raise EnvCheckError("determinism", f"reset(seed=s) for 16 seeds picked the same problem {picked} "
-                                    f"of {n}: "
-                                    "the seed does not choose the problem")
-    return None
+@_each_protocol
+def check_determinism(subject: Subject, protocol: str) -> None:
+    envs = [subject.env(protocol, **subject.turns(TURNS)) for _ in range(2)]
+    runs = [play(env, SEED, np.random.default_rng(SEED)) for env in envs]
+    if len(runs[0]) != len(runs[1]):
+        raise EnvCheckError("determinism", f"two episodes with seed {SEED} and the same actions took "
+                            f"{len(runs[0])} "
+                            f"and {len(runs[1])} steps", problem=problem_label(envs[0]))
+    for step, (m1, m2) in enumerate(zip(*runs)):
+        for part in MOMENT_PARTS:
+            for agent in dict.fromkeys([*m1[part], *m2[part]]):
+                found = first_difference(m1[part].get(agent), m2[part].get(agent), part)
+                if found:
+                    raise EnvCheckError(
+                        "determinism", f"{part} differ between two episodes with seed {SEED} and the same actions "
+                        f"({protocol}, step {step}): {found}", agent=agent, problem=problem_label(envs[0]),
+                        turn=m1["turn"])
+    t1, t2 = (env.transcript() for env in envs)
+    if t1 != t2:
+        line = next(i for i, (x, y) in enumerate(zip([*t1.splitlines(), ""], [*t2.splitlines(), ""])) if x != y)
+        raise EnvCheckError("determinism", f"the transcripts of two episodes with seed {SEED} differ at line "
+                            f"{line}: "
+                            f"{short(t1.splitlines()[line:line + 1])} vs {short(t2.splitlines()[line:line + 1])}",
+                            problem=problem_label(envs[0]))
+    env = envs[0]
+    n = len(env.task.problems("train"))
+    if n > 1:
+        picked = {reset_observe(env, seed=s)[1][env.possible_agents[0]]["task_index"] for s in range(16)}
+        if len(picked) == 1:
+            raise EnvCheckError("determinism", f"reset(seed=s) for 16 seeds picked the same problem {picked} "
+                                f"of {n}: "
+                                "the seed does not choose the problem")
 
 
 @_check("options", "reset options: task_index pins the problem whatever the seed; split='eval' picks the eval split",
@@ -499,35 +508,34 @@ def _fit_text(env: Any, agent: str, text: str, room: int) -> str:
         "A str action and its token ids (anything after the first EOS/pad ignored) must give the same response, "
         "reward and infos. Usual causes: a reward that reads something else than outputs[role] (the raw action, "
         "env state), or a task that caches results by object identity.")
-def check_text_vs_ids(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        by_text, by_ids = (subject.env(protocol, step_unit="response") for _ in range(2))
-        T = by_text.max_new_tokens
-        texts, ids = {}, {}
-        for k, agent in enumerate(by_text.possible_agents):
-            texts[agent] = _fit_text(by_text, agent, SAMPLE_TEXTS[k % len(SAMPLE_TEXTS)], T - 1)
-            stops = by_text.stop_token_ids_of(agent)
-            tail = [min(stops), *[non_stop_id(by_text.vocab_size_of(agent), stops)] * T]  # junk after the stop id
-            own = by_text._encode_text(texts[agent], agent)
-            ids[agent] = np.array((own + tail)[:T], dtype=np.int64)
-        results = []
-        for env, actions in ((by_text, texts), (by_ids, ids)):
-            reset_observe(env, seed=SEED)
-            results.append(step_turn(env, actions))
-        for agent in by_text.possible_agents:
-            where = {"agent": agent, "problem": problem_label(by_text), "turn": 0}
-            got = [env.history[-1].outputs[agent] for env in (by_text, by_ids)]
-            if got[0].ids != got[1].ids or got[0].text != got[1].text:
-                raise EnvCheckError("text_vs_ids", f"the text action {texts[agent]!r} became the response "
-                                    f"{got[0].text!r} {list(got[0].ids)}, its ids the response {got[1].text!r} "
-                                    f"{list(got[1].ids)}", **where)
-            for i, part in enumerate(("rewards", "infos")):
-                found = first_difference(results[0][i][agent], results[1][i][agent], part)
-                if found:
-                    raise EnvCheckError("text_vs_ids", f"{part} of the text actions and of their token ids differ: "
-                                        f"{found}",
-                                        **where)
-    return None
+@_each_protocol
+def check_text_vs_ids(subject: Subject, protocol: str) -> None:
+    by_text, by_ids = (subject.env(protocol, step_unit="response") for _ in range(2))
+    T = by_text.max_new_tokens
+    texts, ids = {}, {}
+    for k, agent in enumerate(by_text.possible_agents):
+        texts[agent] = _fit_text(by_text, agent, SAMPLE_TEXTS[k % len(SAMPLE_TEXTS)], T - 1)
+        stops = by_text.stop_token_ids_of(agent)
+        tail = [min(stops), *[non_stop_id(by_text.vocab_size_of(agent), stops)] * T]  # junk after the stop id
+        own = by_text._encode_text(texts[agent], agent)
+        ids[agent] = np.array((own + tail)[:T], dtype=np.int64)
+    results = []
+    for env, actions in ((by_text, texts), (by_ids, ids)):
+        reset_observe(env, seed=SEED)
+        results.append(step_turn(env, actions))
+    for agent in by_text.possible_agents:
+        where = {"agent": agent, "problem": problem_label(by_text), "turn": 0}
+        got = [env.history[-1].outputs[agent] for env in (by_text, by_ids)]
+        if got[0].ids != got[1].ids or got[0].text != got[1].text:
+            raise EnvCheckError("text_vs_ids", f"the text action {texts[agent]!r} became the response "
+                                f"{got[0].text!r} {list(got[0].ids)}, its ids the response {got[1].text!r} "
+                                f"{list(got[1].ids)}", **where)
+        for i, part in enumerate(("rewards", "infos")):
+            found = first_difference(results[0][i][agent], results[1][i][agent], part)
+            if found:
+                raise EnvCheckError("text_vs_ids", f"{part} of the text actions and of their token ids differ: "
+                                    f"{found}",
+                                    **where)
 
 
 def _snapshot(env: Any) -> Any:
@@ -556,13 +564,8 @@ def _bad_inputs(env: Any, agent: str) -> list[tuple[str, Any, type]]:
         "The reward must return a finite float for any text, empty and junk included (score it 0 instead of raising "
         "on text it cannot parse). A bad action must raise at once (ValueError for ids out of range or too many, "
         "TypeError for floats or None, KeyError for a missing or unknown agent), name the agent, and change nothing.")
-def check_bad_actions(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        _bad_actions_of(subject, protocol)
-    return None
-
-
-def _bad_actions_of(subject: Subject, protocol: str) -> None:
+@_each_protocol
+def check_bad_actions(subject: Subject, protocol: str) -> None:
     def build() -> Any:
         return subject.env(protocol, step_unit="response", **subject.turns(2))
 
@@ -743,26 +746,25 @@ def _run_sequential(env: Any, script: list[dict[str, list[int]]], seed: int) -> 
         "history and transcript as whole responses",
         "Token mode must end each turn exactly as response mode does. A task must not depend on how a response was "
         "stepped; an env subclass that overrides step, _observation or _info must handle step_unit='token' too.")
-def check_token_mode(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        kw = {"max_new_tokens": TOKEN_MODE_TOKENS, "obs_format": "dict", **subject.turns(2)}
-        for seed in (SEED, SEED + 1):
-            whole = subject.env(protocol, step_unit="response", **kw)
-            tokens = subject.env(protocol, step_unit="token", **kw)
-            script = _scripted_responses(whole, np.random.default_rng(seed), whole.num_turns)
-            run = _run_parallel if protocol == "parallel" else _run_sequential
-            expected, got = run(whole, script, seed), run(tokens, script, seed)
-            found = first_difference(got, expected, "turn boundaries")
-            if found:
-                raise _token_fail(tokens, f"token mode vs whole responses ({protocol}, seed {seed}): {found}")
-            if tokens.transcript() != whole.transcript() or tokens.history != whole.history:
-                raise _token_fail(tokens, f"the transcript or history of token mode differs from whole responses' "
-                                  f"({protocol}, seed {seed})")
-            got_ids = [r.outputs[a].ids for r in tokens.history for a in tokens.possible_agents]
-            want = [tuple(turn[a]) for turn in script for a in tokens.possible_agents]
-            if got_ids != want:
-                raise _token_fail(tokens, f"the responses are {got_ids}, the tokens stepped {want}")
-    return None
+@_each_protocol
+def check_token_mode(subject: Subject, protocol: str) -> None:
+    kw = {"max_new_tokens": TOKEN_MODE_TOKENS, "obs_format": "dict", **subject.turns(2)}
+    for seed in (SEED, SEED + 1):
+        whole = subject.env(protocol, step_unit="response", **kw)
+        tokens = subject.env(protocol, step_unit="token", **kw)
+        script = _scripted_responses(whole, np.random.default_rng(seed), whole.num_turns)
+        run = _run_parallel if protocol == "parallel" else _run_sequential
+        expected, got = run(whole, script, seed), run(tokens, script, seed)
+        found = first_difference(got, expected, "turn boundaries")
+        if found:
+            raise _token_fail(tokens, f"token mode vs whole responses ({protocol}, seed {seed}): {found}")
+        if tokens.transcript() != whole.transcript() or tokens.history != whole.history:
+            raise _token_fail(tokens, f"the transcript or history of token mode differs from whole responses' "
+                              f"({protocol}, seed {seed})")
+        got_ids = [r.outputs[a].ids for r in tokens.history for a in tokens.possible_agents]
+        want = [tuple(turn[a]) for turn in script for a in tokens.possible_agents]
+        if got_ids != want:
+            raise _token_fail(tokens, f"the responses are {got_ids}, the tokens stepped {want}")
 
 
 # ------------------------------------------------------------------------------ render, copies, batches
@@ -771,13 +773,8 @@ def check_token_mode(subject: Subject) -> list[str] | None:
         "render() in 'ansi' mode returns env.transcript() (prompts, responses, rewards, feedback), in 'human' mode "
         "prints it and returns None, and '' before reset; transcript_turns() has one dict per finished turn with its "
         "reward. An env subclass that overrides render or the transcript must keep these.")
-def check_render(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        _render_of(subject, protocol)
-    return None
-
-
-def _render_of(subject: Subject, protocol: str) -> None:
+@_each_protocol
+def check_render(subject: Subject, protocol: str) -> None:
     env = subject.env(protocol, render_mode="ansi", step_unit="response", **subject.turns(2))
     if env.render() != "":
         raise EnvCheckError("render", f"render() before reset returned {short(env.render())}, expected ''")
@@ -819,42 +816,41 @@ def _render_of(subject: Subject, protocol: str) -> None:
         "Envs must deep-copy and pickle cheaply (vector wrappers copy them) and continue identically: keep datasets, "
         "models, pools, locks and open files out of the task's instance state (load data through a module-level "
         "functools.cache function; create pools lazily, outside the env).")
-def check_copy(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        env = subject.env(protocol, step_unit="response", **subject.turns(2))
-        rng = np.random.default_rng(SEED)
-        reset_observe(env, seed=SEED)
-        if env.num_turns > 1:
-            step_turn(env, random_actions(env, rng, env.possible_agents))
-        actions = random_actions(env, rng, env.possible_agents)
-        if protocol == "sequential" and len(env.possible_agents) > 1:  # copy it mid-turn, after the first role acted
-            env.step(actions[env.agent_selection])
-        where = {"problem": problem_label(env), "turn": len(env.history)}
-        try:
-            blob = pickle.dumps(env)
-            clone = pickle.loads(blob)
-            twin = copy.deepcopy(env)
-        except Exception as err:
-            hint = None
-            if "local object" in str(err) or "lambda" in str(err):
-                hint = ("pickle stores a function by its import path, so a task cannot hold a lambda or a function "
-                        "defined inside another: define the reward (and any other callable the task keeps) at module "
-                        "level, e.g. `def reward(problem, outputs): ...` next to the register() call.")
-            raise EnvCheckError("copy", f"the env does not pickle or deep-copy: {error_text(err)}", hint=hint,
-                                **where) from err
-        # Tokenizers given as objects pickle by value (docs/env-contract.md, "Copying"): they are not the env's weight.
-        handles = {id(tokens.handle): tokens.handle for tokens in env._agent_tokens.values()}
-        own = len(blob) - sum(len(pickle.dumps(h)) for h in handles.values() if h.spec is None)
-        if own > MAX_PICKLE_BYTES:
-            raise EnvCheckError("copy", f"a pickled env is {own:,} bytes besides its tokenizers (more than "
-                                f"{MAX_PICKLE_BYTES:,})", **where)
-        results = [step_turn(e, actions) for e in (env, clone, twin)]
-        for label, result, other in (("the pickled copy", results[1], clone), ("the deep copy", results[2], twin)):
-            found = first_difference(results[0], result, "step") or (
-                None if other.transcript() == env.transcript() else "the transcripts differ")
-            if found:
-                raise EnvCheckError("copy", f"{label} continued differently from the env: {found}", **where)
-    return None
+@_each_protocol
+def check_copy(subject: Subject, protocol: str) -> None:
+    env = subject.env(protocol, step_unit="response", **subject.turns(2))
+    rng = np.random.default_rng(SEED)
+    reset_observe(env, seed=SEED)
+    if env.num_turns > 1:
+        step_turn(env, random_actions(env, rng, env.possible_agents))
+    actions = random_actions(env, rng, env.possible_agents)
+    if protocol == "sequential" and len(env.possible_agents) > 1:  # copy it mid-turn, after the first role acted
+        env.step(actions[env.agent_selection])
+    where = {"problem": problem_label(env), "turn": len(env.history)}
+    try:
+        blob = pickle.dumps(env)
+        clone = pickle.loads(blob)
+        twin = copy.deepcopy(env)
+    except Exception as err:
+        hint = None
+        if "local object" in str(err) or "lambda" in str(err):
+            hint = ("pickle stores a function by its import path, so a task cannot hold a lambda or a function "
+                    "defined inside another: define the reward (and any other callable the task keeps) at module "
+                    "level, e.g. `def reward(problem, outputs): ...` next to the register() call.")
+        raise EnvCheckError("copy", f"the env does not pickle or deep-copy: {error_text(err)}", hint=hint,
+                            **where) from err
+    # Tokenizers given as objects pickle by value (docs/env-contract.md, "Copying"): they are not the env's weight.
+    handles = {id(tokens.handle): tokens.handle for tokens in env._agent_tokens.values()}
+    own = len(blob) - sum(len(pickle.dumps(h)) for h in handles.values() if h.spec is None)
+    if own > MAX_PICKLE_BYTES:
+        raise EnvCheckError("copy", f"a pickled env is {own:,} bytes besides its tokenizers (more than "
+                            f"{MAX_PICKLE_BYTES:,})", **where)
+    results = [step_turn(e, actions) for e in (env, clone, twin)]
+    for label, result, other in (("the pickled copy", results[1], clone), ("the deep copy", results[2], twin)):
+        found = first_difference(results[0], result, "step") or (
+            None if other.transcript() == env.transcript() else "the transcripts differ")
+        if found:
+            raise EnvCheckError("copy", f"{label} continued differently from the env: {found}", **where)
 
 
 def _row(batch: Any, i: int) -> Any:
@@ -867,45 +863,44 @@ def _row(batch: Any, i: int) -> Any:
 @_check("vector", "a vector env of it (make_vec) steps each row exactly as a single env with the same seed and actions",
         "Each row of a batch must be what a single env with the same seed and actions gives. A task's prepare_rewards "
         "(called with the whole batch's turns) must store per (problem, outputs) what reward() then returns.")
-def check_vector(subject: Subject) -> list[str] | None:
-    for protocol in subject.protocols:
-        overrides = {"step_unit": "response", **subject.turns(2)}
-        venv = subject.vector(protocol, VECTOR_ENVS, **overrides)
-        singles = [subject.env(protocol, **overrides) for _ in range(VECTOR_ENVS)]
-        seeds = [SEED + i for i in range(VECTOR_ENVS)]
-        obs, infos = venv.reset(seed=seeds)
-        single = [reset_observe(env, seed=s) for env, s in zip(singles, seeds)]
-        rng = np.random.default_rng(SEED)
-        step = 0
-        while True:
-            for i, env in enumerate(singles):
-                for agent in obs:
-                    for part, batch, one in (("observation", obs, single[i][0]), ("infos", infos, single[i][1])):
-                        found = first_difference(_row(batch[agent], i), one[agent], part)
-                        if found:
-                            raise EnvCheckError("vector", f"row {i} of the batch (seed {seeds[i]}) differs from a "
-                                                "single "
-                                                f"env at step {step}: {found}", agent=agent, problem=problem_label(env))
-            if not venv.agents:
-                break
-            rows = [random_actions(env, rng, venv.agents) for env in singles]
-            obs, rewards, _, _, infos = venv.step({a: np.stack([r[a] for r in rows]) for a in venv.agents})
-            single = []
-            for env, row in zip(singles, rows):
-                if isinstance(env, ParallelLLMEnv):
-                    o, r, _, _, inf = env.step(row)
-                else:
-                    env.step(row[env.agent_selection])
-                    o, r, inf = {a: env.observe(a) for a in venv.agents}, dict(env.rewards), dict(env.infos)
-                single.append((o, inf, r))
-            for i, env in enumerate(singles):
-                for agent, reward in single[i][2].items():
-                    if rewards[agent][i] != reward:
-                        raise EnvCheckError("vector", f"row {i}'s reward is {rewards[agent][i]}, a single env's "
-                                            f"{reward} "
-                                            f"(step {step})", agent=agent, problem=problem_label(env))
-            step += 1
-    return None
+@_each_protocol
+def check_vector(subject: Subject, protocol: str) -> None:
+    overrides = {"step_unit": "response", **subject.turns(2)}
+    venv = subject.vector(protocol, VECTOR_ENVS, **overrides)
+    singles = [subject.env(protocol, **overrides) for _ in range(VECTOR_ENVS)]
+    seeds = [SEED + i for i in range(VECTOR_ENVS)]
+    obs, infos = venv.reset(seed=seeds)
+    single = [reset_observe(env, seed=s) for env, s in zip(singles, seeds)]
+    rng = np.random.default_rng(SEED)
+    step = 0
+    while True:
+        for i, env in enumerate(singles):
+            for agent in obs:
+                for part, batch, one in (("observation", obs, single[i][0]), ("infos", infos, single[i][1])):
+                    found = first_difference(_row(batch[agent], i), one[agent], part)
+                    if found:
+                        raise EnvCheckError("vector", f"row {i} of the batch (seed {seeds[i]}) differs from a "
+                                            "single "
+                                            f"env at step {step}: {found}", agent=agent, problem=problem_label(env))
+        if not venv.agents:
+            break
+        rows = [random_actions(env, rng, venv.agents) for env in singles]
+        obs, rewards, _, _, infos = venv.step({a: np.stack([r[a] for r in rows]) for a in venv.agents})
+        single = []
+        for env, row in zip(singles, rows):
+            if isinstance(env, ParallelLLMEnv):
+                o, r, _, _, inf = env.step(row)
+            else:
+                env.step(row[env.agent_selection])
+                o, r, inf = {a: env.observe(a) for a in venv.agents}, dict(env.rewards), dict(env.infos)
+            single.append((o, inf, r))
+        for i, env in enumerate(singles):
+            for agent, reward in single[i][2].items():
+                if rewards[agent][i] != reward:
+                    raise EnvCheckError("vector", f"row {i}'s reward is {rewards[agent][i]}, a single env's "
+                                        f"{reward} "
+                                        f"(step {step})", agent=agent, problem=problem_label(env))
+        step += 1
 
 
 @_check("truncation", "max_cycles < num_turns truncates the episode after max_cycles turns (both protocols)",
