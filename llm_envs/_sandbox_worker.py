@@ -331,7 +331,9 @@ def single(cfg: dict[str, Any]) -> NoReturn:
     if cfg["stdlib"]:
         # The dropped uid may not traverse the directory the interpreter lives in (a pyenv under /root):
         # show it the standard library read-only inside the scratch directory, in a private mount table.
-        view = os.path.join(cfg["scratch"], ".python")
+        # A driver's view is outside the scratch it shares with its peer, in a directory the run's uid
+        # cannot write: the peer cannot swap the driver's standard library for modules of its own.
+        view = os.path.join(cfg.get("view_dir") or cfg["scratch"], ".python")
         os.makedirs(view, 0o755, exist_ok=True)
         if (libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0
                 or libc.mount(cfg["stdlib"].encode(), view.encode(), None, MS_BIND | MS_REC, None) != 0

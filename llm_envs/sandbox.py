@@ -777,6 +777,7 @@ class _Worker(_Channel):
         self.proc: subprocess.Popen | None = None
         self.peer_proc: subprocess.Popen | None = None
         self.peer_pid: int | None = None
+        self.view_dir = ""
         self.scratch, self.uid = scratch, uid
         req_r, self.req_w = os.pipe()
         self.resp_r, resp_w = os.pipe()
@@ -792,6 +793,10 @@ class _Worker(_Channel):
                 for fd in (to_peer_r, from_peer_w, pid_r, pid_w):
                     os.close(fd)
             extra = {"peer_fds": [to_peer_w, from_peer_r], "nondumpable": True}
+            if uid is not None:
+                self.view_dir = tempfile.mkdtemp(prefix="llm-envs-sandbox-view-")  # the caller's: read-only to uid
+                os.chmod(self.view_dir, 0o755)
+                extra["view_dir"] = self.view_dir
         try:
             self.proc = self._spawn({"req_fd": req_r, "resp_fd": resp_w, **extra})
         finally:
@@ -886,6 +891,9 @@ class _Worker(_Channel):
                 except subprocess.TimeoutExpired:
                     pass
         self._close_pipes()
+        if self.view_dir:
+            shutil.rmtree(self.view_dir, ignore_errors=True)
+            self.view_dir = ""
 
 
 class _ForkedWorker(_Channel):
