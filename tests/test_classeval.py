@@ -392,3 +392,46 @@ def test_what_crosses_between_the_tests_and_the_class():
     assert "not plain data cannot be passed" in failed["ShelfTest.test_a_mock_on_an_instance"]
     empty = score_class(["", ""], SHELF_SKELETON, SHELF_TEST, "Shelf", owners, LIMITS)
     assert empty.execution.passed == 0
+
+
+BAG_SKELETON = '''class Bag:
+    def __init__(self):
+        self.items = [[1], [2]]
+        self.meta = {"a": {"b": 1}}
+
+    def swap(self):
+        """Replace items by {"x": 1}."""
+
+    def total(self):
+        """The sum of the first numbers of items."""
+'''
+BAG_TEST = '''import unittest
+
+
+class BagTest(unittest.TestCase):
+    def test_nested_views(self):
+        bag = Bag()
+        first = bag.items[0]
+        first.append(5)
+        bag.meta["a"]["b"] = 7
+        self.assertEqual(bag.items, [[1, 5], [2]])
+        self.assertEqual(bag.meta, {"a": {"b": 7}})
+        self.assertEqual(bag.total(), 3)
+        bag.items.sort(key=len)
+        self.assertEqual(bag.items, [[2], [1, 5]])
+
+    def test_a_view_of_a_replaced_attribute_keeps_its_contents(self):
+        bag = Bag()
+        items = bag.items
+        bag.swap()
+        items.append(3)
+        self.assertEqual(items, [[1], [2], 3])
+        self.assertEqual(bag.items, {"x": 1})
+'''
+
+
+def test_nested_views_and_replaced_attributes():
+    texts = ["def swap(self):\n    self.items = {'x': 1}\n",
+             "def total(self):\n    return sum(i[0] for i in self.items)\n"]
+    score = score_class(texts, BAG_SKELETON, BAG_TEST, "Bag", (0, 1), LIMITS)
+    assert [o.status for o in score.execution.outcomes] == ["passed", "passed"], score.execution.outcomes

@@ -352,13 +352,16 @@ def _ce_refresh():
     roots = list(_ce_roots.items())
     found = __sandbox_relay__("_ce_fetch", ([(v._ce_target, v._ce_path) for _, v in roots],), {})
     if found[0] != "ok" or type(found[1]) is not list or len(found[1]) != len(roots):
+        for _, view in roots:
+            view._ce_path = None
         _ce_roots.clear()
         return
     for (key, view), item in zip(roots, found[1]):
         if type(item) is tuple and len(item) == 2 and type(item[1]) is type(view).__base__:
             _ce_merge(view, item[1])
-        else:
-            del _ce_roots[key]  # no longer that container: the view keeps its last contents
+        else:  # no longer that container: the view keeps its last contents, as a plain container
+            del _ce_roots[key]
+            view._ce_path = None
 
 
 def _ce_mutator(base, method):
@@ -366,8 +369,10 @@ def _ce_mutator(base, method):
         if getattr(self, "_ce_path", None) is None:
             return getattr(base, method)(self, *args, **kwargs)
         result = _ce_relay("_ce_mutate", self._ce_target, self._ce_path, method, args, kwargs)
-        if self._ce_path[:1] and (_ce_key(self._ce_target), self._ce_path[0][1]) not in _ce_roots:
-            _ce_merge(self, _ce_relay("_ce_fetch", [(self._ce_target, self._ce_path)])[0][1])
+        if (_ce_key(self._ce_target), self._ce_path[0][1]) not in _ce_roots:  # not refreshed with the roots
+            found = _ce_relay("_ce_fetch", [(self._ce_target, self._ce_path)])
+            if found and found[0][0] == "ok" and type(found[0][1]) is base:
+                _ce_merge(self, found[0][1])
         return self if method.startswith("__i") else result
     return mutate
 
