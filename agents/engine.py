@@ -97,6 +97,9 @@ class RolloutEngine(FusedDecoder):
     """
 
     decode: str = os.environ.get("LLM_ENVS_DECODE", "auto")
+    compile_step: bool = os.environ.get("LLM_ENVS_COMPILE_DECODE", "") == "1"
+    """Compile the static step with ``torch.compile`` (inductor) before capturing it: fewer, fused kernels
+    a step, for a compile of tens of seconds at a shape's first call (``LLM_ENVS_COMPILE_DECODE=1``)."""
     last_fallback: str | None = None
     """Why the last call with ``decode`` other than ``"dynamic"`` decoded in the dynamic loop, or ``None``."""
 
@@ -351,7 +354,7 @@ class RolloutEngine(FusedDecoder):
                               for layer in loras),
             settings=tuple(sorted(chosen.items())), eos=tuple(eos.tolist()), pad_token_id=int(pad_token_id),
             token_count=int(head_weight.shape[0]), dtype=dtype, device=str(device),
-            weights=id(weights) ^ head_weight.data_ptr(),
+            weights=id(weights) ^ head_weight.data_ptr(), compiled=bool(self.compile_step),
         )
         cache = self.__dict__.setdefault("_static", {})
         static = cache.pop(key, None)
@@ -555,13 +558,18 @@ def race_draw(
     the same token whichever candidates (more, fewer, in any order) are listed: the static step's full sort
     and the dynamic loop's top-1024 draw alike.
 
-    ``indices`` None (nothing truncates: the whole vocabulary) draws by inverse CDF with one number a row
-    (``uniform_noise`` of token id 2**32 - 1): a race would hash every token of the vocabulary, ~40 ms a
-    step for 32 rows of a 49k vocabulary on a 2-core CPU."""
-    if indices is None:
+    ``indices`` None (nothing truncates: the whole vocabulary) races every token on a GPU; on the CPU, where
+    hashing every token costs ~40 ms a step for 32 rows of a 49k vocabulary (2-core EPYC), it draws by
+    inverse CDF with one number a row (``uniform_noise`` of token id 2**32 - 1) instead. So an untruncated
+    seeded row draws differently on the CPU and on a GPU, and the inverse CDF is the draw that rounding can
+    move (a cumulative sum over the vocabulary: docs/agents.md); truncated sampling (top-k or top-p, the
+    learners' defaults) races on every device."""
+    if indices is None and probs.device.type == "cpu":
         u = uniform_noise(keys, step, torch.full((1,), _MASK32, dtype=torch.long, device=probs.device))  # (A, 1)
         cdf = probs.cumsum(-1)
         index = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1)
         return index.clamp(max=probs.shape[-1] - 1)
-    race = probs / -torch.log(uniform_noise(keys, step, indices))
-    return indices.gather(1, race.argmax(-1, keepdim=True)).squeeze(1)
+    tokens = torch.arange(probs.shape[-1], device=probs.device) if indices is None else indices
+    race = probs / -torch.log(uniform_noise(keys, step, tokens))
+    index = race.argmax(-1, keepdim=True)
+    return index.squeeze(1) if indices is None else indices.gather(1, index).squeeze(1)

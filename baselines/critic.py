@@ -38,11 +38,14 @@ def critic_inputs(
     [[5, 6, 7, 8]]
     """
     n = len(next(iter(turn_prompts.values()))[0])
+    # Prompts come from the envs (CPU), responses from the policy (its device): assembled on the CPU, each
+    # tensor moved once (the policy moves the result to its device).
+    pieces = {a: [(ids.cpu(), mask.cpu()) for ids, mask in (turn_prompts[a], turn_responses[a])] for a in agents}
     rows = []
     for i in range(n):
         parts = []
         for a in agents:
-            for ids, mask in (turn_prompts[a], turn_responses[a]):
+            for ids, mask in pieces[a]:
                 parts.append(ids[i][mask[i].bool()])
         rows.append(torch.cat(parts))
     width = max(len(r) for r in rows)

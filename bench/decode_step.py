@@ -97,6 +97,38 @@ def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> fl
         return 1000 * (time.perf_counter() - start) / steps
 
 
+def profile_step(policy, device: torch.device, steps: int = 5) -> dict[str, object]:
+    """Kernels one eager static step launches, and their summed device time (ms): what a replayed graph
+    of the step costs at least (graph replay removes the launches, not the kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    (static,) = [s for s in policy.engine._static.values() if not s.key.compiled][:1] or [None]
+    if static is None:
+        return {"error": "no static decoder was built (run a static or graph mode first)"}
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    static.t.zero_()
+    with torch.no_grad():
+        static.step()
+        sync(device)
+        with profile(activities=[activity]) as prof:
+            for _ in range(steps):
+                static.step()
+            sync(device)
+    events = [e for e in prof.events() if e.device_type == (torch.autograd.DeviceType.CUDA if device.type == "cuda"
+                                                            else torch.autograd.DeviceType.CPU)]
+    kernels = [e for e in events if device.type != "cuda" or e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.device_time if device.type == "cuda" else e.cpu_time for e in kernels)
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + (e.device_time if device.type == "cuda" else e.cpu_time)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "kernels_per_step": round(len(kernels) / steps, 1),
+        "kernel_ms_per_step": round(total_us / 1000 / steps, 3),
+        "top": [(name[:60], round(us / 1000 / steps, 3)) for name, us in top],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
@@ -104,8 +136,11 @@ def main() -> None:
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random weights of SmolLM2's shape")
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 256])
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--modes", nargs="+", default=None, help="engine decode modes (default: dynamic, and graph on CUDA)")
+    parser.add_argument("--modes", nargs="+", default=None, help="engine decode modes: dynamic, static, graph, "
+                        "a mode+compile (default: dynamic, and graph on CUDA)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", action="store_true",
+                        help="kernels a static step launches and their summed device time (torch.profiler)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bare loop and per-agent generate")
     args = parser.parse_args()
     device = resolve_device(args.device)
@@ -135,11 +170,12 @@ def main() -> None:
         joint = {a: (ids, mask) for a in AGENTS}
         entry: dict[str, object] = {"rows": per_agent * SAMPLES * len(AGENTS), "prompt_tokens": int(mask.sum(1).max())}
 
-        def call(tokens: int) -> None:
+        def call(tokens: int, joint=joint) -> None:
             policy.generate_joint(joint, SAMPLES, max_new_tokens=tokens, **SAMPLING)
 
         for mode in modes:
-            policy.engine.decode = mode
+            policy.engine.decode = mode.removesuffix("+compile")
+            policy.engine.compile_step = mode.endswith("+compile")
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             first = clock(lambda: call(length), device)
@@ -156,7 +192,9 @@ def main() -> None:
             }
             if device.type == "cuda":
                 entry[mode]["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-        policy.engine.decode = "auto"
+        policy.engine.decode, policy.engine.compile_step = "auto", False
+        if args.profile:
+            entry["profile"] = profile_step(policy, device)
         fastest = min(entry[m]["ms_per_step"] for m in modes)
         entry["floor_ms"] = round(floor_ms, 3)
         entry["fraction_of_floor"] = round(floor_ms / fastest, 3)
@@ -167,11 +205,12 @@ def main() -> None:
             entry["bare_loop_ms"] = round(min(bare_loop_ms(raw, all_ids, all_mask, length) for _ in range(2)), 2)
             rows_ids, rows_mask = ids.repeat_interleave(SAMPLES, 0), mask.repeat_interleave(SAMPLES, 0)
 
-            def per_agent_generate() -> None:
+            def per_agent_generate(raw=raw, rows_ids=rows_ids, rows_mask=rows_mask) -> None:
                 with torch.no_grad():
                     for _ in AGENTS:
-                        raw.generate(input_ids=rows_ids, attention_mask=rows_mask, do_sample=True, max_new_tokens=length,
-                                     min_new_tokens=length, pad_token_id=tokenizer.pad_token_id, **SAMPLING)
+                        raw.generate(input_ids=rows_ids, attention_mask=rows_mask, do_sample=True,
+                                     max_new_tokens=length, min_new_tokens=length,
+                                     pad_token_id=tokenizer.pad_token_id, **SAMPLING)
 
             with policy.model.disable_adapter():
                 per_agent_generate()

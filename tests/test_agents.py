@@ -12,6 +12,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
+from tiny_models import testing_device
 from tiny_models import tiny_model as build_tiny_model
 
 import agents.models
@@ -69,7 +70,7 @@ def batch(tokenizer):
         ]
     )
     response_mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0]])
-    return enc.input_ids, enc.attention_mask, response_ids, response_mask
+    return tuple(t.to(testing_device()) for t in (enc.input_ids, enc.attention_mask, response_ids, response_mask))
 
 
 def naive_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, adapter=None):
@@ -127,7 +128,7 @@ def test_pads_do_not_matter(policy, tokenizer):
         r_junk = r_ids.masked_fill(r_mask == 0, 4321)
         after = policy.logprobs("helper", p_junk, p_mask, r_junk, r_mask)
         # Extra left padding of the prompts changes nothing either.
-        pad = torch.full((3, 5), tokenizer.pad_token_id)
+        pad = torch.full((3, 5), tokenizer.pad_token_id, device=p_ids.device)
         wider = policy.logprobs(
             "helper", torch.cat([pad, p_ids], 1), torch.cat([torch.zeros_like(pad), p_mask], 1), r_ids, r_mask
         )
@@ -315,7 +316,7 @@ def check_generation(gen: Generation, policy: MultiAgentPolicy, rows: int, max_n
     assert gen.response_ids.shape[0] == rows and 1 <= gen.response_ids.shape[1] <= max_new_tokens
     mask = gen.response_mask
     assert (mask.diff(dim=1) <= 0).all(), "response masks must be 1s then 0s"
-    eos = torch.isin(gen.response_ids, torch.tensor(policy.eos_token_ids))
+    eos = torch.isin(gen.response_ids, torch.tensor(policy.eos_token_ids, device=gen.response_ids.device))
     lengths = mask.sum(-1)
     for row in range(rows):
         n = int(lengths[row])
@@ -426,7 +427,7 @@ def test_act_parallel_aec_and_vector_observations(policy, tokenizer):
     greedy = policy.act(parallel, max_new_tokens=6, sampling=Sampling(greedy=True))
     gen = policy.generate("helper", ids[:1], mask[:1], max_new_tokens=6, greedy=True)
     n = gen.response_ids.shape[1]
-    assert np.array_equal(greedy["helper"][:n], gen.response_ids[0].numpy())
+    assert np.array_equal(greedy["helper"][:n], gen.response_ids[0].cpu().numpy())
     assert (greedy["helper"][n:] == policy.pad_token_id).all()
 
 

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 from numerics import assert_f32_close, assert_grads_close
-from tiny_models import tiny_model
+from tiny_models import testing_device, tiny_model
 
 from agents import LoraSettings, MultiAgentPolicy
 from agents import decoder as decoder_module
@@ -60,7 +60,7 @@ def episode(tokenizer, n: int = 3, response: int = 7, seed: int = 0):
     r_mask = torch.ones(n, response, dtype=torch.long)
     r_mask[1, response - 3 :] = 0
     r_ids[1, response - 3 :] = tokenizer.pad_token_id
-    return p_ids, p_mask, r_ids, r_mask
+    return tuple(t.to(testing_device()) for t in (p_ids, p_mask, r_ids, r_mask))
 
 
 def peft_path(policy):
@@ -131,7 +131,7 @@ def grouped(tokenizer, groups: int = 3, samples: int = 3, response: int = 7):
     """MAGRPO's layout: each of ``groups`` prompts (different lengths) repeated for ``samples`` rows,
     interleaved with a repeat out of order, every response its own (one ends early, one is all pads)."""
     p_ids, p_mask, _, _ = episode(tokenizer, n=groups)
-    order = torch.tensor([0, 1, 2, 0, 0, 2, 1, 2, 1][: groups * samples]) % groups
+    order = (torch.tensor([0, 1, 2, 0, 0, 2, 1, 2, 1][: groups * samples]) % groups).to(p_ids.device)
     g = torch.Generator().manual_seed(3)
     n = len(order)
     r_ids = torch.randint(5, 1000, (n, response), generator=g)
@@ -139,7 +139,7 @@ def grouped(tokenizer, groups: int = 3, samples: int = 3, response: int = 7):
     r_mask[1, response - 3 :] = 0
     r_mask[4, 1:] = 0
     r_ids[r_mask == 0] = tokenizer.pad_token_id
-    return p_ids[order], p_mask[order], r_ids, r_mask
+    return p_ids[order], p_mask[order], r_ids.to(p_ids.device), r_mask.to(p_ids.device)
 
 
 @pytest.mark.parametrize("checkpoint", [True, False])
@@ -235,7 +235,7 @@ def test_qwen2_biases_and_grouped_heads(tokenizer):
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0, 0.5)
-    policy = make_policy(tokenizer, model=model.eval())
+    policy = make_policy(tokenizer, model=model.to(testing_device()).eval())
     assert policy.backend == "engine" and policy._fused()
     batch = episode(tokenizer)
     fused = loss_and_grads(policy, "main", batch)
@@ -430,7 +430,8 @@ def test_tuned_allocator_reuses_large_blocks_instead_of_faulting_them_in_again()
         pytest.skip("tune_allocator acts on glibc's malloc only")
     runs = {}
     for setting, base in (("1", "bfloat16"), ("0", "bfloat16"), ("1", "float32")):
-        env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": setting, "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "LLM_ENVS_TUNE_MALLOC": setting, "PYTHONPATH": path}
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
         env.pop("MALLOC_TRIM_THRESHOLD_", None)
         out = subprocess.run([sys.executable, "-c", FAULTS_PROBE, base], env=env, capture_output=True, text=True,

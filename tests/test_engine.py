@@ -161,7 +161,7 @@ def test_eos_rows_are_padded_and_masked(tokenizer):
     ids, mask = batch(tokenizer, 6)
     torch.manual_seed(3)
     gens = policy.generate_joint({a: (ids, mask) for a in AGENTS}, 4, max_new_tokens=24)
-    eos = torch.tensor(policy.eos_token_ids)
+    eos = torch.tensor(policy.eos_token_ids, device=gens["main"].response_ids.device)
     ended = 0
     for gen in gens.values():
         for row, row_mask, row_lp in zip(gen.response_ids, gen.response_mask, gen.logprobs):

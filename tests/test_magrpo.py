@@ -316,10 +316,16 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path, aggr
     micro = tiny_config(tiny_model_dir, tmp_path, run_name=f"micro-{aggregation}", micro_batch_size=1, **common)
     result_full, result_micro = magrpo.main(full), magrpo.main(micro)
     a, b = adapter_state(full.run_dir()), adapter_state(micro.run_dir())
+    # On the CPU the two sums of gradients differ in their last bits, and so do the weights (1e-6). On CUDA
+    # (the runs pick a GPU when present) a matmul's kernel, and so its rounding, depends on its row count:
+    # an element whose gradient is at rounding level gets an Adam step anywhere in [-lr, lr] from either
+    # run. Measured on an H100: 11 of 128 elements apart, by at most 1.3e-4 (lr 1e-3); a wrong micro-batch
+    # weighting moves every element.
+    atol = 1e-6 if not torch.cuda.is_available() else common["learning_rate"] / 4
     changed = 0
     for agent in a:
         for key in a[agent]:
-            torch.testing.assert_close(a[agent][key], b[agent][key], rtol=1e-4, atol=1e-6)
+            torch.testing.assert_close(a[agent][key], b[agent][key], rtol=1e-4, atol=atol)
             changed += int(a[agent][key].abs().sum() > 0)
     assert changed > 0
     for key in ("agent_brief/pg_loss", "agent_brief/kl", "agent_detailed/loss", "agent_detailed/clip_fraction"):

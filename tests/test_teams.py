@@ -455,6 +455,11 @@ def test_cory_swaps_roles_between_two_tokenizers(model_dirs, tmp_path, monkeypat
         return steps, returns, infos
 
     monkeypatch.setattr(play, "play_episodes", spy)
+    # The observer reads the pioneer's 6 tokens re-encoded by the other tokenizer (a byte-level BPE of few
+    # merges: up to ~20 tokens a word); which words were drawn decides whether a prompt passes 128 tokens
+    # (it did on a GPU, whose draws differ by rounding), so the prompts get room.
+    env_kwargs = cory.Config.env_kwargs
+    monkeypatch.setattr(cory.Config, "env_kwargs", lambda self: {**env_kwargs(self), "max_prompt_tokens": 256})
     config = cory_of_two_tokenizers(model_dirs, tmp_path, "cory-mixed", num_iterations=3, num_eval_problems=1,
                                     samples_every=1)
     result = cory.main(config)
