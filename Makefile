@@ -12,7 +12,7 @@ NUMERICS_TESTS := tests/test_decoder.py tests/test_engine.py tests/test_agents.p
 	tests/test_ppo.py tests/test_cory.py tests/test_central_critic.py tests/test_interrupt.py tests/test_tree.py \
 	tests/test_preference.py
 
-.PHONY: setup demo test test-fast test-avx2 lint bench clean
+.PHONY: setup demo test test-fast test-avx2 test-gpu lint bench clean
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
@@ -36,6 +36,19 @@ test-avx2: $(STAMP)
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(XDIST)
+
+# The device-sensitive tests on a GPU, tiny models built there (pytest --device cuda): the decoder, the engine and
+# its CUDA graph, the agents, the learners' smoke and resume tests, teams, one-GPU distributed. Runs in the Python
+# environment that has a CUDA build of torch (GPU_PY; .venv holds the CPU build): docs/agents.md "On a GPU".
+GPU_TESTS := tests/test_decode_graph.py tests/test_decoder.py tests/test_engine.py tests/test_agents.py \
+	tests/test_magrpo.py tests/test_ppo.py tests/test_cory.py tests/test_maac.py tests/test_central_critic.py \
+	tests/test_interrupt.py tests/test_teams.py tests/test_distributed.py tests/test_tree.py
+GPU_PY ?= python3
+GPU_WORKERS ?= 8
+
+test-gpu:
+	@$(GPU_PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu needs a CUDA build of torch and a GPU: GPU_PY=$(GPU_PY) has torch ' + torch.__version__ + ' without CUDA')"
+	HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -q -m "not slow" -n $(GPU_WORKERS) --dist loadfile --device cuda $(GPU_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -19,7 +19,12 @@ Tokens per second count the response tokens each path produced (up to and includ
 ``--repeats`` runs. ``ratio`` = ours / baseline; ``fraction_of_limit`` = limit ms/step / ours ms/step.
 Prints one JSON object on its last line.
 
-    python bench/generate.py [--prompts 4] [--samples 4] [--max-new-tokens 48] [--repeats 3]
+    python bench/generate.py [--prompts 4] [--samples 4] [--max-new-tokens 48] [--repeats 3] [--device cuda]
+                             [--shape 135m|360m|1.7b]
+
+``--device`` runs every path there (default: a GPU when present); ``--shape`` replaces the embedded model by
+random weights of one of SmolLM2's shapes (agents.models.shaped_model), for machines without the weights.
+On a GPU the float32 paths run in float32 too, and the engine's default decodes through its CUDA graph.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents import LoraSettings, MultiAgentPolicy, load_model
-from agents.models import machine_description
+from agents.models import SHAPES, device_description, machine_description, resolve_device, shaped_model
 from llm_envs.tokenizers import load_tokenizer
 
 QUESTIONS = [
@@ -53,17 +58,18 @@ SAMPLING = dict(temperature=0.7, top_p=0.9, top_k=50)
 AGENTS = ("helper", "main")
 
 
-def prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prompts(tokenizer, n: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     texts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in (QUESTIONS * (n // len(QUESTIONS) + 1))[:n]
     ]
     enc = tokenizer(texts, padding=True, return_tensors="pt")
-    return enc.input_ids, enc.attention_mask
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
 def timed(fn, repeats: int) -> dict[str, float]:
-    """Runs ``fn`` (returns (tokens, decode steps)) ``repeats`` times after one warm-up."""
+    """Runs ``fn`` (returns (tokens, decode steps)) ``repeats`` times after one warm-up (on a GPU, each
+    run ends when the device has finished: ``fn`` reads its counts from device tensors)."""
     fn()
     runs = []
     for seed in range(repeats):
@@ -89,6 +95,8 @@ def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> fl
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
         token = out.logits[:, -1].argmax(-1, keepdim=True)
         attention = mask
+        if ids.is_cuda:
+            torch.cuda.synchronize(ids.device)
         start = time.perf_counter()
         for _ in range(steps):
             attention = torch.cat([attention, torch.ones_like(token)], dim=1)
@@ -97,6 +105,8 @@ def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> fl
                 input_ids=token, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
             )
             token = out.logits[:, -1].argmax(-1, keepdim=True)
+        if ids.is_cuda:
+            torch.cuda.synchronize(ids.device)
         return 1000 * (time.perf_counter() - start) / steps
 
 
@@ -106,9 +116,19 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                        help="random weights of one of SmolLM2's shapes instead of the embedded model")
     args = parser.parse_args()
+    device = resolve_device(args.device)
+
+    def model(dtype):
+        if args.shape:
+            return shaped_model(args.shape, dtype=dtype, device=device)
+        return load_model(None, dtype=dtype, device=device)
+
     tokenizer = load_tokenizer(None)
-    ids, mask = prompts(tokenizer, args.prompts)
+    ids, mask = prompts(tokenizer, args.prompts, device)
     joint = {agent: (ids, mask) for agent in AGENTS}
     length = args.max_new_tokens
 
@@ -121,8 +141,9 @@ def main() -> None:
         return run
 
     results: dict[str, object] = {
-        "model": "SmolLM2-135M-Instruct (embedded default)",
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "model": f"random weights of SmolLM2's {args.shape} shape" if args.shape
+        else "SmolLM2-135M-Instruct (embedded default)",
+        "device": str(device),
         "threads": torch.get_num_threads(),
         "agents": len(AGENTS),
         "prompts": args.prompts,
@@ -133,10 +154,10 @@ def main() -> None:
         "sampling": SAMPLING,
     }
 
-    raw = load_model(None, dtype="float32")
+    raw = model("float32")
     configured = raw.generation_config.eos_token_id
     configured = [configured] if isinstance(configured, int) else list(configured or [])
-    eos = torch.tensor(sorted({tokenizer.eos_token_id, *configured}))
+    eos = torch.tensor(sorted({tokenizer.eos_token_id, *configured}), device=device)
     rows, rows_mask = ids.repeat_interleave(args.samples, 0), mask.repeat_interleave(args.samples, 0)
 
     def baseline():
@@ -160,12 +181,12 @@ def main() -> None:
     }
     for name, kwargs in paths.items():
         dtype = kwargs.pop("dtype", None)
-        policy = MultiAgentPolicy(load_model(None, dtype=dtype), tokenizer, AGENTS, lora=LoraSettings(), **kwargs)
+        policy = MultiAgentPolicy(model(dtype), tokenizer, AGENTS, lora=LoraSettings(), **kwargs)
         results[name] = {**timed(joint_run(policy), args.repeats), "backend": policy.backend,
                          "dtype": str(policy.model.get_base_model().dtype).replace("torch.", "")}
     all_ids = ids.repeat(len(AGENTS), 1).repeat_interleave(args.samples, 0)
     all_mask = mask.repeat(len(AGENTS), 1).repeat_interleave(args.samples, 0)
-    loops = {dtype: min(bare_loop_ms(load_model(None, dtype=dtype), all_ids, all_mask, length) for _ in range(2))
+    loops = {dtype: min(bare_loop_ms(model(dtype), all_ids, all_mask, length) for _ in range(2))
              for dtype in ("float32", "bfloat16")}
     limit_dtype = min(loops, key=loops.get)
     limit = loops[limit_dtype]
@@ -177,7 +198,7 @@ def main() -> None:
     results["ratio_median"] = round(ours["median_tokens_per_s"] / results["baseline"]["median_tokens_per_s"], 2)
     results["ratio_vs_generate_backend"] = round(ours["tokens_per_s"] / results["generate_backend"]["tokens_per_s"], 2)
     results["fraction_of_limit"] = round(limit / ours["ms_per_step"], 2)
-    results["machine"] = machine_description(ours["dtype"])
+    results["machine"] = {**machine_description(ours["dtype"]), **device_description(device)}
     print(json.dumps(results))
 
 
