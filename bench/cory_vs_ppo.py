@@ -105,8 +105,10 @@ def main() -> None:
                         help="train one of the two (e.g. both at once in two processes with --threads 1)")
     parser.add_argument("--plot-only", action="store_true", help="redraw and summarise the finished runs")
     parser.add_argument("--last", type=int, default=5, help="summarise the last N iterations")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     args = parser.parse_args()
-    settings = {**SETTINGS, "num_iterations": args.iterations, "threads": args.threads, "output_dir": args.output_dir}
+    settings = {**SETTINGS, "num_iterations": args.iterations, "threads": args.threads, "output_dir": args.output_dir,
+                "device": args.device}
     configs = {
         "ppo": ppo.Config(env="sentiment/imdb-v0", run_name="ppo", **settings),
         "cory": cory.Config(env="sentiment/imdb-cory-v0", run_name="cory", swap_every=5, **settings),

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate import QUESTIONS, bare_loop_ms
 
 from agents import LoraSettings, MultiAgentPolicy, load_model
-from agents.models import machine_description
+from agents.models import SHAPES, device_description, machine_description, resolve_device, shaped_model
 from llm_envs.tokenizers import load_tokenizer
 
 STEPS = 48
@@ -53,27 +53,38 @@ def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> floa
     start = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=STEPS,
                          min_new_tokens=STEPS, pad_token_id=tokenizer.pad_token_id)
-    return 1000 * (time.perf_counter() - start) / (out.shape[1] - ids.shape[1])
+    return 1000 * (time.perf_counter() - start) / (out.shape[1] - ids.shape[1])  # shape: waits for the device
 
 
 def engine_ms(policy, prompts) -> float:
     start = time.perf_counter()
     gens = policy.generate_joint(prompts, 1, max_new_tokens=STEPS, temperature=0.7, top_p=0.9, top_k=50)
-    return 1000 * (time.perf_counter() - start) / max(g.response_ids.shape[1] for g in gens.values())
+    steps = max(g.response_ids.shape[1] for g in gens.values())  # trimmed to the longest row: waits for the device
+    return 1000 * (time.perf_counter() - start) / steps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                        help="random weights of one of SmolLM2's shapes instead of the embedded model")
     args = parser.parse_args()
+    device = resolve_device(args.device)
+
+    def base(dtype: str):
+        if args.shape:
+            return shaped_model(args.shape, dtype=dtype, device=device)
+        return load_model(None, dtype=dtype, device=device)
+
     tokenizer = load_tokenizer(None)
     table: dict[str, dict[int, float]] = {}
     for dtype in ("float32", "bfloat16"):
-        model = load_model(None, dtype=dtype)
-        policy = MultiAgentPolicy(load_model(None, dtype=dtype), tokenizer, ["helper", "main"], lora=LoraSettings())
+        model = base(dtype)
+        policy = MultiAgentPolicy(base(dtype), tokenizer, ["helper", "main"], lora=LoraSettings())
         for rows in args.rows:
-            ids, mask = chat_prompts(tokenizer, rows)
+            ids, mask = (t.to(device) for t in chat_prompts(tokenizer, rows))
 
             half = max(rows // 2, 1)
             prompts = {"helper": (ids[:half], mask[:half]), "main": (ids[half:], mask[half:])}
@@ -86,8 +97,10 @@ def main() -> None:
                 table.setdefault(f"{dtype} {name}", {})[rows] = median_ms(fn, args.repeats)
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
     print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
-                      "steps": STEPS, "threads": torch.get_num_threads(),
-                      "machine": machine_description("float32 and bfloat16 (one table each)")}))
+                      "steps": STEPS, "threads": torch.get_num_threads(), "device": str(device),
+                      "shape": args.shape or "default (SmolLM2-135M-Instruct)",
+                      "machine": {**machine_description("float32 and bfloat16 (one table each)"),
+                                  **device_description(device)}}))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Time MAGRPO iterations: 2 agents, 8 problems x G=4, 48 new tokens, temperature 0.7, top-p 0.9, chat
 template, embedded SmolLM2-135M-Instruct. Prints JSON: s_per_iteration, samples_per_s, peak_rss_mb.
 
-    python bench/magrpo_step.py [--iterations 2] [--max-source-words 60]
+    python bench/magrpo_step.py [--iterations 2] [--max-source-words 60] [--device cuda] [--shape 1.7b]
 
 One warm-up iteration is run first and not timed. Generation is one batched call per agent over all
 problems and samples; log-probs are one batched forward per agent.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from agents import LoraSettings, MultiAgentPolicy
-from agents.models import machine_description
+from agents.models import SHAPES, device_description, machine_description, resolve_device, shaped_model
 from baselines.magrpo import Config
 from baselines.play import rollout
 from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
@@ -32,7 +32,11 @@ def main() -> None:
     parser.add_argument("--max-source-words", type=int, default=60)
     parser.add_argument("--micro-batch-tokens", type=int, default=Config.micro_batch_tokens,
                         help="the update's token budget per forward/backward (MAGRPO's --micro-batch-tokens)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                        help="random weights of one of SmolLM2's shapes instead of the embedded model")
     args = parser.parse_args()
+    device = resolve_device(args.device)
     config = Config(num_problems=8, num_generations=4, max_new_tokens=48, temperature=0.7, top_p=0.9,
                     max_source_words=args.max_source_words, progress=False, tensorboard=False,
                     micro_batch_tokens=args.micro_batch_tokens)
@@ -40,7 +44,14 @@ def main() -> None:
     n = config.num_problems * config.num_generations
     venv = VectorEnv(config.env, n, max_new_tokens=config.max_new_tokens, **config.env_kwargs())
     agents = list(venv.possible_agents)
-    policy = MultiAgentPolicy.from_pretrained(agents, lora=LoraSettings(rank=config.lora_rank), mixed_batches=False)
+    lora = LoraSettings(rank=config.lora_rank)
+    if args.shape:
+        from llm_envs.tokenizers import load_tokenizer
+
+        policy = MultiAgentPolicy(shaped_model(args.shape, device=device), load_tokenizer(None), agents, lora=lora,
+                                  mixed_batches=False)
+    else:
+        policy = MultiAgentPolicy.from_pretrained(agents, lora=lora, mixed_batches=False, device=device)
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
     times = []
     for it in range(args.iterations + 1):
@@ -52,6 +63,8 @@ def main() -> None:
             returns = discounted_returns(torch.tensor(turns[0].rewards[agent], dtype=torch.float32)[:, None], 1.0)
             adv = group_advantages(returns[:, 0].view(config.num_problems, -1)).reshape(-1, 1)
             update_agent(policy, optimizers[agent], agent, turns, adv, config)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         if it > 0:
             times.append(time.perf_counter() - t0)
     s_per_it = float(np.mean(times))
@@ -62,7 +75,9 @@ def main() -> None:
         "agents": len(agents), "problems": config.num_problems, "G": config.num_generations,
         "max_new_tokens": config.max_new_tokens, "micro_batch_tokens": config.micro_batch_tokens,
         "threads": torch.get_num_threads(),
-        "machine": machine_description(policy.model.get_base_model().dtype),
+        "device": str(device), "shape": args.shape or "default (SmolLM2-135M-Instruct)",
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+        "machine": {**machine_description(policy.model.get_base_model().dtype), **device_description(device)},
     }))
 
 

@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's; on a machine shared with other jobs, fewer threads "
                              "than cores avoids the spinning of oversubscribed OpenMP threads)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -101,12 +102,12 @@ def main() -> None:
                     tensorboard=False)
     torch.manual_seed(0)
     tokenizer = load_tokenizer(None)
-    base_a = load_model(None)
+    base_a = load_model(None, device=args.device)
     dtype = base_a.get_input_embeddings().weight.dtype
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(1)
-    base_b = AutoModelForCausalLM.from_config(base_a.config).to(dtype).eval()
+    base_b = AutoModelForCausalLM.from_config(base_a.config).to(dtype=dtype, device=base_a.device).eval()
     base_b.generation_config = copy.deepcopy(base_a.generation_config)
     lora = LoraSettings(rank=config.lora_rank)
 

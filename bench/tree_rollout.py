@@ -43,10 +43,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     args = parser.parse_args()
     torch.manual_seed(0)
     env_kwargs = dict(num_turns=TURNS, max_source_words=12, max_new_tokens=args.max_new_tokens)
-    policy = MultiAgentPolicy.from_pretrained(["brief", "detailed"], lora=LoraSettings(rank=8, alpha=16.0))
+    policy = MultiAgentPolicy.from_pretrained(["brief", "detailed"], lora=LoraSettings(rank=8, alpha=16.0),
+                                              device=args.device)
     env_kwargs["stop_token_ids"] = list(policy.eos_token_ids)
     linear_envs = VectorEnv(ENV, LINEAR_G, **env_kwargs)
     template = VectorEnv(ENV, 1, **env_kwargs).envs[0]
