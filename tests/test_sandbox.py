@@ -22,7 +22,9 @@ from llm_envs.sandbox import (
     UNPRIVILEGED_UID_BASE,
     SandboxJob,
     SandboxLimits,
+    api,
     isolation_report,
+    pool,
     run_many,
     run_tests,
     split_tests,
@@ -45,19 +47,19 @@ PATHS = ("fork_server", "process_per_program")
 def sandbox_path(request, monkeypatch) -> str:
     """Run the test on one path: the fork server (where this host allows it) or the fallback."""
     if request.param == "fork_server":
-        fast, reason = sandbox._fork_server_status()
+        fast, reason = api._fork_server_status()
         if not fast and os.geteuid() == 0 and os.environ.get(FORK_SERVER_ENV) != "0":
             pytest.fail(f"the fork server should run here (root on Linux) but does not: {reason}")
         if not fast:
             pytest.skip(f"the fork server does not run on this host: {reason}")
     else:
-        monkeypatch.setattr(sandbox, "_fork_server_status", lambda: (False, "switched off by the test"))
+        monkeypatch.setattr(api, "_fork_server_status", lambda: (False, "switched off by the test"))
     return request.param
 
 
 def _server_pids() -> set[int]:
     """The idle fork servers and their launchers (long-lived by design, not leftovers of a run)."""
-    return {pid for s in sandbox._idle_servers for pid in (s.server_pid, s.proc.pid if s.proc else None) if pid}
+    return {pid for s in pool._idle_servers for pid in (s.server_pid, s.proc.pid if s.proc else None) if pid}
 
 
 def _slot_uids() -> range:
@@ -91,7 +93,7 @@ def _own_sandbox_processes() -> list[int]:
     uids = set(_slot_uids())
     servers = _server_pids()
     # This checkout's worker only: other checkouts' runs on the same machine are not this test's business.
-    worker = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), "_sandbox_worker.py").encode()
+    worker = os.path.join(os.path.dirname(os.path.abspath(sandbox.__file__)), "worker.py").encode()
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) in servers:
@@ -363,7 +365,7 @@ def test_files_outside_the_scratch_directory_are_hidden(sandbox_path, tmp_path):
     assert isolation_report()["filesystem_hidden"] == (sandbox_path == "fork_server")
     if sandbox_path == "fork_server":
         # The whole tree: device nodes, the standard library's path (read-only), the scratch directory.
-        expected = (sorted({"dev", "tmp", sandbox._stdlib_dir().strip("/").split("/")[0]}),
+        expected = (sorted({"dev", "tmp", sandbox.isolation._stdlib_dir().strip("/").split("/")[0]}),
                     dict.fromkeys(secrets, "FileNotFoundError"), "/tmp", [])
         tests = f"def check(candidate):\n    assert candidate(0) == {expected!r}\n"
     else:  # the fallback does not hide the file system, and the report says so
@@ -503,12 +505,12 @@ def test_a_program_that_corrupts_its_interpreter_does_not_affect_the_next(sandbo
 @pytest.mark.parametrize("sandbox_path", ["fork_server"], indirect=True)
 def test_a_dead_fork_server_is_replaced(sandbox_path):
     _run(GOOD)
-    victim = sandbox._idle_servers[-1]
+    victim = pool._idle_servers[-1]
     os.kill(victim.server_pid, signal.SIGKILL)
     assert _run(GOOD).all_passed
     assert victim.dead and victim.server_pid not in _server_pids()
     # A server killed while a program runs: that test fails, the caller neither hangs nor crashes.
-    busy = list(sandbox._idle_servers)
+    busy = list(pool._idle_servers)
 
     def kill_the_server_once_a_program_runs() -> None:
         """Kill the server whose program has been running for a second (loaded, inside the call)."""
@@ -546,7 +548,7 @@ def test_a_thousand_programs_leak_no_process_fd_mount_or_directory(sandbox_path)
 
     def leftovers() -> tuple:
         mounts = sorted(len(open(f"/proc/{pid}/mountinfo").read().splitlines())
-                        for pid in (s.server_pid for s in sandbox._idle_servers))
+                        for pid in (s.server_pid for s in pool._idle_servers))
         dirs = sorted(e.name for e in os.scandir(tempfile.gettempdir())
                       if e.path.startswith(scratch) and e.stat().st_uid in owners)
         return len(os.listdir("/proc/self/fd")), mounts, dirs
@@ -573,7 +575,7 @@ def test_the_report_names_the_path_that_ran(sandbox_path, monkeypatch):
         assert all(report[flag] for flag in ("network_isolated", "pid_namespace", "filesystem_hidden", "disk_capped",
                                              "privileges_dropped"))
     monkeypatch.setenv(FORK_SERVER_ENV, "0")
-    assert sandbox._probe_fork_server() == (False, f"switched off by {FORK_SERVER_ENV}=0")
+    assert api._probe_fork_server() == (False, f"switched off by {FORK_SERVER_ENV}=0")
 
 
 def test_bad_disk_limits_fail_clearly():
@@ -607,10 +609,10 @@ def test_a_forked_caller_makes_its_own_pool_and_servers(sandbox_path):
 
 @pytest.mark.parametrize("sandbox_path", ["fork_server"], indirect=True)
 def test_a_fork_server_that_cannot_start_says_why_and_the_probe_falls_back(sandbox_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "_stdlib_dir", lambda: "/nonexistent/python3")
+    monkeypatch.setattr(pool, "_stdlib_dir", lambda: "/nonexistent/python3")
     with pytest.raises(OSError, match="fork server did not start: binding the standard library: No such file"):
-        sandbox._ForkServer()
-    fast, reason = sandbox._probe_fork_server()
+        pool._ForkServer()
+    fast, reason = api._probe_fork_server()
     assert not fast and "binding the standard library" in reason
 
 

@@ -1,6 +1,6 @@
 """The process side of :mod:`llm_envs.sandbox`. Run as a script; standard library only.
 
-``python -I -S -B _sandbox_worker.py <config json>`` starts in one of two modes:
+``python -I -S -B worker.py <config json>`` starts in one of two modes:
 
 * ``"mode": "single"`` (the fallback path): limit, isolate and unprivilege this very process, then
   serve one program on the request/response pipes and exit.
