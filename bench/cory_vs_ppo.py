@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from agents.models import machine_description
-from baselines import cory, ppo
-from baselines.metrics import read_metrics
-from baselines.plots import smooth
+from baselines.infra.metrics import read_metrics
+from baselines.infra.plots import smooth
+from baselines.learners import cory, ppo
 
 FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 SETTINGS: dict[str, Any] = dict(

@@ -59,9 +59,9 @@ BEFORE = {
 
 CHILD = """
 import json, resource, sys
-from baselines import cory, magrpo, ppo
+from baselines.learners import cory, magrpo, ppo
 try:
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 except ImportError:  # the tree before the engine kept it in baselines/common.py
     from baselines.common import read_metrics
 import tyro

@@ -38,9 +38,9 @@ import torch
 
 from agents import Generation, LoraSettings, MultiAgentPolicy
 from agents.models import load_model, machine_description
-from baselines.magrpo import Config
-from baselines.play import rollout, team_env_kwargs
-from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
+from baselines.infra.play import rollout, team_env_kwargs
+from baselines.learners.magrpo import Config
+from baselines.rl.policy_gradient import discounted_returns, group_advantages, update_agent
 from llm_envs.core.vector import VectorEnv
 from llm_envs.tokenizers import load_tokenizer
 

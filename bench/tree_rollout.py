@@ -1,5 +1,5 @@
 """Tree rollouts cost no more per response than linear ones: responses generated per second through the
-rollout engine, MAGRPO's tree rollout (baselines/tree.py) against linear rollouts of the same number of
+rollout engine, MAGRPO's tree rollout (baselines/rl/tree.py) against linear rollouts of the same number of
 responses.
 
 Shape: 2 agents (writing/xsum-v0, sources cut to 12 words), 2 turns, the embedded SmolLM2-135M-Instruct
@@ -31,8 +31,9 @@ import torch
 
 from agents import LoraSettings, MultiAgentPolicy
 from agents.models import machine_description
-from baselines import magrpo, tree
-from baselines.play import rollout
+from baselines.infra.play import rollout
+from baselines.learners import magrpo
+from baselines.rl import tree
 from llm_envs.core.vector import VectorEnv
 
 ENV = "writing/xsum-v0"

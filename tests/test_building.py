@@ -47,7 +47,7 @@ def random_commands(problem, rng: random.Random) -> dict[str, str]:
 
 
 def test_ids_are_registered_and_listed(capsys):
-    from baselines.cli import main
+    from baselines.infra.cli import main
 
     assert set(IDS) <= set(llm_envs.list_envs())
     assert main(["list"]) == 0

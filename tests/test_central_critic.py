@@ -1,5 +1,5 @@
 """The centralised critic as an option of PPO and CORY (``--critic central``): MAAC's critic adapter and
-value head (baselines/maac.py) shared by every model. Its input holds every agent's prompt and response;
+value head (baselines/learners/maac.py) shared by every model. Its input holds every agent's prompt and response;
 short runs train the actors and the critic (and leave the actors' own value heads alone); a resumed
 CORY run equals an uninterrupted one; ``llm-envs eval`` reads the checkpoint."""
 
@@ -17,11 +17,11 @@ import torch
 from test_ppo import tiny_ppo
 
 from agents import Generation
-from baselines import cory, ppo
-from baselines.checkpoints import find_checkpoint
-from baselines.cli import main as cli
-from baselines.maac import CRITIC, central_context, central_forward
-from baselines.metrics import read_metrics
+from baselines.infra.checkpoints import find_checkpoint
+from baselines.infra.cli import main as cli
+from baselines.infra.metrics import read_metrics
+from baselines.learners import cory, ppo
+from baselines.learners.maac import CRITIC, central_context, central_forward
 
 
 def generation(agent: str, prompts: list[list[int]], responses: list[list[int]], pad: int = 0) -> Generation:

@@ -284,9 +284,9 @@ def trained_b_norm(run_dir) -> dict[str, float]:
 def test_magrpo_centralized_smoke_resume_and_eval(tiny_model_dir, tmp_path, capsys, varied_central_reward):
     from test_magrpo import tiny_config
 
-    from baselines import magrpo
-    from baselines.cli import main as cli
-    from baselines.samples import read_samples
+    from baselines.infra.cli import main as cli
+    from baselines.infra.samples import read_samples
+    from baselines.learners import magrpo
 
     config = tiny_config(tiny_model_dir, tmp_path, centralized=True, num_iterations=1, samples_every=1)
     assert config.env_kwargs()["centralized"] is True
@@ -309,7 +309,7 @@ def test_magrpo_centralized_smoke_resume_and_eval(tiny_model_dir, tmp_path, caps
 def test_ppo_centralized_smoke(tiny_model_dir, tmp_path, varied_central_reward):
     from test_ppo import tiny_ppo
 
-    from baselines import ppo
+    from baselines.learners import ppo
 
     config = tiny_ppo(tiny_model_dir, tmp_path, env="writing/xsum-v0", max_source_words=20, centralized=True,
                       num_eval_problems=1)
@@ -331,7 +331,7 @@ def test_ppo_centralized_smoke(tiny_model_dir, tmp_path, varied_central_reward):
     ],
 )
 def test_cli_refuses_bad_combinations(argv, expected, capsys):
-    from baselines.cli import main as cli
+    from baselines.infra.cli import main as cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli(argv)

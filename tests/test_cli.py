@@ -9,7 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from baselines.cli import main
+from baselines.infra.cli import main
 
 
 def test_list(capsys):
@@ -138,7 +138,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tiny_model_dir, tmp_p
     assert "skipped damaged step_000002" in warning[0] and "brief.adapter.safetensors" in warning[0]
     trainer = json.loads((root / "step_000003" / "trainer.json").read_text())
     assert trainer["step"] == 3
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == [1, 2, 3]
     for name in ("step_000002", "step_000003"):
@@ -154,7 +154,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tiny_model_dir, tmp_p
 
 
 def test_iac_is_the_ppo_learner(capsys):
-    # IAC (the reference's name for independent actor-critic) runs baselines.ppo: its flags, its checks.
+    # IAC (the reference's name for independent actor-critic) runs baselines.learners.ppo: its flags, its checks.
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "iac", "--help"])
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from baselines.metrics import METRICS_FILE, read_metrics
+from baselines.infra.metrics import METRICS_FILE, read_metrics
 
 TRAIN = [
     "train", "magrpo", "--preset", "demo", "--num-iterations", "1", "--num-problems", "1", "--num-generations", "2",
@@ -25,7 +25,7 @@ TRAIN = [
 
 def run(cache: Path, output: Path, name: str) -> list[dict[str, float]]:
     env = {**os.environ, "LLM_ENVS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "baselines.cli", *TRAIN, "--output-dir", str(output), "--run-name", name]
+    cmd = [sys.executable, "-m", "baselines.infra.cli", *TRAIN, "--output-dir", str(output), "--run-name", name]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
     return read_metrics(output / name / METRICS_FILE)
 

@@ -1,4 +1,4 @@
-"""One config vocabulary: the fields the learners share are defined once (baselines/config.py) with one
+"""One config vocabulary: the fields the learners share are defined once (baselines/infra/config.py) with one
 docstring; ``llm-envs train <learner> --help`` lists every flag, and every flag that existed before the
 shared config keeps its name and parses to its field."""
 
@@ -12,9 +12,9 @@ import math
 import pytest
 import tyro
 
-from baselines import config as shared
-from baselines import cory, maac, magrpo, ppo
-from baselines.cli import main as cli
+from baselines.infra import config as shared
+from baselines.infra.cli import main as cli
+from baselines.learners import cory, maac, magrpo, ppo
 
 LEARNERS = {"magrpo": magrpo, "ppo": ppo, "cory": cory, "maac": maac}
 
@@ -92,7 +92,7 @@ def test_shared_fields_have_one_docstring():
             if isinstance(node, ast.AnnAssign) and node.target.id in shared_names:
                 documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
                 assert not documented, f"{name}.Config documents the shared field {node.target.id!r} again"
-    # Every learner shares the core fields, with their definitions from baselines/config.py.
+    # Every learner shares the core fields, with their definitions from baselines/infra/config.py.
     for module in LEARNERS.values():
         assert issubclass(module.Config, shared.CoreConfig)
     assert all(issubclass(m.Config, shared.LearnerConfig) for m in (magrpo, ppo, cory, maac))

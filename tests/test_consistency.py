@@ -81,7 +81,7 @@ def test_base_dropout_is_off_in_train_mode(tokenizer):
 
 
 def test_ppo_kl_is_zero_before_the_first_update(tokenizer):
-    from baselines.ppo import Config, make_experience
+    from baselines.learners.ppo import Config, make_experience
 
     policy = MultiAgentPolicy(tiny_gpt2(tokenizer), tokenizer, ["agent"], lora=LoraSettings(rank=4), value_head=True)
     ids, mask = prompts(tokenizer)
@@ -104,7 +104,7 @@ def test_lora_dropout_follows_train_mode(tokenizer):
 
 def test_evaluate_restores_every_generator(monkeypatch, tiny_model_dir):
     """``torch.manual_seed`` reseeds every CUDA generator; evaluation must fork them all (faked: no GPU)."""
-    from baselines.evaluation import evaluate
+    from baselines.infra.evaluation import evaluate
 
     policy = MultiAgentPolicy.from_pretrained(["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4))
     states = {0: torch.tensor([1]), 1: torch.tensor([2])}

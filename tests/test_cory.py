@@ -14,13 +14,13 @@ import pytest
 import torch
 from test_magrpo import adapter_state
 
-from baselines import cory
-from baselines.checkpoints import find_checkpoint
-from baselines.cli import main as cli
-from baselines.cory import MODELS, Config, role_assignment
-from baselines.metrics import read_metrics
-from baselines.play import play_episodes
-from baselines.ppo import make_experience, ppo_update
+from baselines.infra.checkpoints import find_checkpoint
+from baselines.infra.cli import main as cli
+from baselines.infra.metrics import read_metrics
+from baselines.infra.play import play_episodes
+from baselines.learners import cory
+from baselines.learners.cory import MODELS, Config, role_assignment
+from baselines.learners.ppo import make_experience, ppo_update
 from llm_envs.core.vector import SequentialVectorEnv
 
 ROLES = ("pioneer", "observer")
@@ -121,15 +121,15 @@ def test_swap_by_reference_keeps_each_models_optimizer_state(tiny_model_dir):
 
 
 def test_smoke_run_swaps_roles_and_keeps_state(tiny_model_dir, tmp_path, monkeypatch):
-    import baselines.evaluation
+    import baselines.infra.evaluation
 
-    real_evaluate, seen = baselines.evaluation.evaluate, []
+    real_evaluate, seen = baselines.infra.evaluation.evaluate, []
 
     def recording_evaluate(*args, **kwargs):
         seen.append(dict(kwargs["adapters"]))
         return real_evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(baselines.evaluation, "evaluate", recording_evaluate)
+    monkeypatch.setattr(baselines.infra.evaluation, "evaluate", recording_evaluate)
     config = Config(
         model=tiny_model_dir,
         num_iterations=2,

@@ -24,8 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from baselines import distributed
-from baselines.distributed import DistInfo
+from baselines.infra import distributed
+from baselines.infra.distributed import DistInfo
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,14 +109,14 @@ def test_placement():
         distributed.device_for("data-parallel", agents, two, cuda_devices=1)
     with pytest.raises(ValueError, match="'model-parallel'"):
         distributed.device_for("model-parallel", agents, DistInfo())
-    from baselines.magrpo import Config
+    from baselines.learners.magrpo import Config
 
     with pytest.raises(ValueError, match="'fsdp'"):
         Config(placement="fsdp")  # type: ignore[arg-type]
 
 
 def test_agent_per_device_on_cpu_fails_clearly(tiny_model_dir, tmp_path):
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     config = tiny_config(tiny_model_dir, tmp_path, placement="agent-per-device", num_eval_problems=0)
     if torch.cuda.device_count() >= 2:
@@ -233,7 +233,7 @@ def policy_tensors(policy_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def training_rows(run_dir: Path) -> list[dict[str, float]]:
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     keep = ("reward/", "losses/", "agent_", "charts/episode_return", "charts/reward_std")
     return [
@@ -247,7 +247,7 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     adapters identical on both ranks; a 2-process run paused after one iteration and resumed ends
     the same. Both loss aggregations, the KL as a reward penalty (A) and as a loss term (B) and the clipped
     second epoch are exercised."""
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     # Rows computed whole (no shared prompts): a pass's rounding then does not depend on which other
@@ -355,7 +355,7 @@ def length_bonus_reward(monkeypatch=None) -> None:
 def test_magrpo_team_of_two_bases_two_processes_match_one(team_dirs, tmp_path, monkeypatch):
     """A Llama and a Qwen2 with different tokenizers: 2 gloo processes x 2 iterations == 1 process, as
     ``test_magrpo_two_processes_match_one`` checks for one base (same bounds)."""
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     length_bonus_reward(monkeypatch)
     config = team_config(team_dirs, tmp_path)
@@ -398,7 +398,7 @@ def test_agent_per_device_team_of_two_bases_trains(team_dirs, tmp_path, monkeypa
     AgentPerDevicePolicy (one single-agent policy per device), which is what is tested."""
     from safetensors.torch import load_file
 
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     built = {}
     real_build = distributed.build_policy
@@ -427,7 +427,7 @@ def test_agent_per_device_team_of_two_bases_trains(team_dirs, tmp_path, monkeypa
 
 
 def training_eval(run_dir: Path) -> float:
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     return [row for row in read_metrics(run_dir / "metrics.jsonl") if "eval/total" in row][-1]["eval/total"]
 
@@ -467,7 +467,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     per-model value heads and with the centralised critic (there with the KL as a loss term)."""
     from test_ppo import tiny_ppo
 
-    from baselines import cory, ppo
+    from baselines.learners import cory, ppo
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     settings = dict(batch_size=9, minibatch_size=3, seed_per_episode=True, threads=1, init_kl_coef=0.2, dtype="float32",
@@ -519,7 +519,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     print(f"1 + 2 processes took {time.perf_counter() - start:.1f} s")
     assert launch.returncode == 0, output[-4000:]
 
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     def rows(run_dir: Path) -> list[dict[str, float]]:
         keep = ("reward/", "losses/", "agent_")
@@ -563,7 +563,7 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     2-process run pauses after iteration 1 and resumes; rank 0 evaluates."""
     from test_maac import tiny_maac
 
-    from baselines import maac
+    from baselines.learners import maac
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     config = tiny_maac(tiny_model_dir, tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
@@ -598,7 +598,7 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     for name in ("brief", "detailed", "critic"):  # every adapter trained (LoRA B starts at zero)
         assert sum(float(v.abs().sum()) for k, v in reference.items() if k.startswith(name) and "lora_B" in k) > 0
 
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     def rows(run_dir: Path) -> list[dict[str, float]]:
         keep = ("reward/", "losses/", "agent_", "charts/critic", "charts/episode_return")
@@ -622,7 +622,7 @@ def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
     float32 rounding; MADPO's 2-process run pauses after iteration 1 and resumes."""
     from test_preference import tiny
 
-    from baselines import madpo, marlhf
+    from baselines.learners import madpo, marlhf
 
     # float32 and rows computed whole, as in the MAGRPO comparison above.
     common = dict(num_problems=3, threads=1, dtype="float32", share_prompts=False, iterative=True,
@@ -688,7 +688,7 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
     iterations == 1 process over the same 3 problems: every node samples from its own seeds, a rank
     whose trees all stopped at the root updates over an empty second level, metrics cover both ranks;
     each agent's KL comes off its rewards. The 2-process run pauses after iteration 1 and resumes."""
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     parity_reward(monkeypatch)
     # TOP_K also keeps the last-bit differences of the two runs' weights after iteration 1 from moving a
@@ -734,7 +734,7 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
         assert a.keys() == b.keys()
         for key in a:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
 
     def tree_counts(run_dir: Path) -> list[dict[str, float]]:
         return [{k: v for k, v in r.items() if k.startswith("charts/turn_") or k in counted}
@@ -748,7 +748,8 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
 def tree_worker(spec: dict) -> None:
     """One rank of ``test_magrpo_tree_two_processes_match_one``: paused after iteration 1 and resumed;
     records the depth of its trees per iteration and saves the policy it ends with."""
-    from baselines import magrpo, tree
+    from baselines.learners import magrpo
+    from baselines.rl import tree
 
     parity_reward()
     out = Path(spec["out"])
@@ -790,7 +791,7 @@ def capture_policy(owner: Any, name: str) -> dict[str, Any]:
 def preference_worker(spec: dict) -> None:
     """One rank of ``test_preference_learners_two_processes_match_one``: MADPO paused after iteration 1
     and resumed, then MARLHF straight through; each rank saves the policy it ends with."""
-    from baselines import madpo, marlhf
+    from baselines.learners import madpo, marlhf
 
     length_bonus_reward()
     out = Path(spec["out"])
@@ -808,7 +809,7 @@ def maac_worker(spec: dict) -> None:
     """One rank of ``test_maac_two_processes_match_one``: paused after iteration 1 and resumed; each
     rank saves the policy it ends with."""
     import agents
-    from baselines import maac
+    from baselines.learners import maac
 
     out = Path(spec["out"])
     captured = capture_policy(agents.MultiAgentPolicy, "from_pretrained")
@@ -824,7 +825,7 @@ def ppo_worker(spec: dict) -> None:
     """One rank of ``test_ppo_and_cory_two_processes_match_one``: PPO paused after iteration 1 and
     resumed, then CORY straight through; each rank saves the policy it ends with."""
     import agents
-    from baselines import cory, ppo
+    from baselines.learners import cory, ppo
 
     out = Path(spec["out"])
     captured = capture_policy(agents.MultiAgentPolicy, "from_pretrained")
@@ -842,7 +843,7 @@ def ppo_worker(spec: dict) -> None:
 
 def team_worker(spec: dict) -> None:
     """One rank of ``test_magrpo_team_of_two_bases_two_processes_match_one``."""
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     out = Path(spec["out"])
     captured = capture_policy(distributed, "build_policy")
@@ -853,8 +854,8 @@ def team_worker(spec: dict) -> None:
 
 def worker(spec_path: str) -> None:
     """One rank of ``test_magrpo_two_processes_match_one`` (run under torch.distributed.run)."""
-    from baselines import magrpo
-    from baselines.magrpo import Config
+    from baselines.learners import magrpo
+    from baselines.learners.magrpo import Config
 
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("learner") == "ppo":
@@ -894,4 +895,4 @@ if __name__ == "__main__":
 else:
     from test_magrpo import tiny_config
 
-    from baselines.checkpoints import find_checkpoint
+    from baselines.infra.checkpoints import find_checkpoint

@@ -9,8 +9,8 @@ import math
 import pytest
 from hub_fixtures import classeval_rows, write_jsonl
 
-from baselines import magrpo, ppo
-from baselines.metrics import read_metrics
+from baselines.infra.metrics import read_metrics
+from baselines.learners import magrpo, ppo
 
 
 @pytest.mark.parametrize(

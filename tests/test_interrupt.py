@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-import baselines.evaluation
-import baselines.play
-import baselines.run
-from baselines import cory, maac, magrpo, ppo
-from baselines.checkpoints import find_checkpoint
-from baselines.metrics import read_metrics
+import baselines.infra.evaluation
+import baselines.infra.play
+import baselines.infra.run
+from baselines.infra.checkpoints import find_checkpoint
+from baselines.infra.metrics import read_metrics
+from baselines.learners import cory, maac, magrpo, ppo
 
 # Wall-clock metrics differ between any two runs.
 TIMING = (
@@ -66,7 +66,7 @@ LEARNERS = {
 # (what raises, on which call), all in iteration 2 with 2 agents and eval_every=1: its rollout is
 # MAGRPO's 2nd rollout, and PPO's 4th play_episodes (evaluations play episodes too: before, after 1);
 # its second agent's update is the 4th update; its evaluation the 3rd (after "before" and iteration 1).
-# MAAC plays MAGRPO's rollout and updates its actors with MAGRPO's update_agent (baselines/policy_gradient.py).
+# MAAC plays MAGRPO's rollout and updates its actors with MAGRPO's update_agent (baselines/rl/policy_gradient.py).
 POINTS = {
     "before-update": ("rollout", {"magrpo": 2, "maac": 2, "ppo": 4, "cory": 4}),
     "between-agents": ("update", {"magrpo": 4, "maac": 4, "ppo": 4, "cory": 4}),
@@ -113,7 +113,7 @@ def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: i
     """Make the ``call``-th call of ``what`` raise KeyboardInterrupt (as Ctrl-C would there); for
     ``"step"``, the ``call``-th optimizer step of iteration 2 raises after it has run."""
     if what == "step":
-        real_end, real_step, ended, steps = baselines.run.Run.end_iteration, torch.optim.AdamW.step, [], []
+        real_end, real_step, ended, steps = baselines.infra.run.Run.end_iteration, torch.optim.AdamW.step, [], []
 
         def end_iteration(self, *args, **kwargs):
             ended.append(1)
@@ -127,15 +127,15 @@ def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: i
                     raise KeyboardInterrupt
             return out
 
-        monkeypatch.setattr(baselines.run.Run, "end_iteration", end_iteration)
+        monkeypatch.setattr(baselines.infra.run.Run, "end_iteration", end_iteration)
         monkeypatch.setattr(torch.optim.AdamW, "step", step)
         return
     if what == "rollout":
-        owner, name = (module, "rollout") if module in (magrpo, maac) else (baselines.play, "play_episodes")
+        owner, name = (module, "rollout") if module in (magrpo, maac) else (baselines.infra.play, "play_episodes")
     elif what == "update":
         owner, name = (module if module in (magrpo, maac) else ppo), update_name
     else:
-        owner, name = baselines.evaluation, "evaluate"
+        owner, name = baselines.infra.evaluation, "evaluate"
     real, calls = getattr(owner, name), []
 
     def interrupting(*args, **kwargs):
@@ -201,7 +201,7 @@ def test_boundary_state_is_copied_only_when_an_optimizer_steps(tmp_path):
     agent's adapter and AdamW state are copied, and the resolved state is the boundary's."""
     from test_agents import make_policy
 
-    from baselines.checkpoints import BoundaryState
+    from baselines.infra.checkpoints import BoundaryState
     from llm_envs.tokenizers import load_tokenizer
 
     policy = make_policy(load_tokenizer())

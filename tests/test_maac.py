@@ -1,4 +1,4 @@
-"""MAAC (baselines/maac.py): the critic's input, the value loss, and a smoke run that trains the actors
+"""MAAC (baselines/learners/maac.py): the critic's input, the value loss, and a smoke run that trains the actors
 and the critic."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from baselines import maac
-from baselines.maac import Config, critic_inputs, returns_and_advantages, value_loss, whiten
-from baselines.policy_gradient import sequence_kl
+from baselines.learners import maac
+from baselines.learners.maac import Config, critic_inputs, returns_and_advantages, value_loss, whiten
+from baselines.rl.policy_gradient import sequence_kl
 
 
 def contains(row: list[int], part: list[int]) -> bool:
@@ -98,8 +98,8 @@ def tiny_maac(model_dir: str, tmp_path, **overrides) -> Config:
 def test_smoke_changes_actors_and_critic(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from baselines.checkpoints import find_checkpoint
-    from baselines.metrics import read_metrics
+    from baselines.infra.checkpoints import find_checkpoint
+    from baselines.infra.metrics import read_metrics
 
     config = tiny_maac(tiny_model_dir, tmp_path)
     result = maac.main(config)

@@ -15,13 +15,13 @@ import pytest
 import torch
 from test_magrpo import adapter_state
 
-from baselines import ppo
-from baselines.checkpoints import find_checkpoint
-from baselines.cli import main as cli
-from baselines.experience import gae, token_rewards, whiten
-from baselines.kl_control import AdaptiveKLController, FixedKLController
-from baselines.metrics import read_metrics
-from baselines.ppo import Config, clipped_policy_loss, clipped_value_loss
+from baselines.infra.checkpoints import find_checkpoint
+from baselines.infra.cli import main as cli
+from baselines.infra.metrics import read_metrics
+from baselines.learners import ppo
+from baselines.learners.ppo import Config, clipped_policy_loss, clipped_value_loss
+from baselines.rl.experience import gae, token_rewards, whiten
+from baselines.rl.kl_control import AdaptiveKLController, FixedKLController
 from llm_envs.core.vector import SequentialVectorEnv
 
 
@@ -160,7 +160,7 @@ def test_kl_loss_term_by_hand(kl_in):
     returns, so the clipped losses are -mean(A) = 0 and 0; log ref - log pi = 0 and 1 on the two tokens:
     k3 = 0 and e - 2, token mean (e - 2) / 2, weighted by init_kl_coef 0.3 in the loss form only."""
     from agents.generation import Generation
-    from baselines.experience import Experience
+    from baselines.rl.experience import Experience
 
     logprobs, ref = torch.tensor([[-1.0, -2.0, 0.0]]), torch.tensor([[-1.0, -1.0, -5.0]])
     values, mask = torch.tensor([[0.5, 0.2, 0.0]]), torch.tensor([[1, 1, 0]])

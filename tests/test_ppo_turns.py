@@ -20,11 +20,11 @@ from test_ppo import tiny_ppo, value_heads
 
 import llm_envs
 from agents.generation import Generation
-from baselines import cory, ppo
-from baselines.experience import gae, make_experience, token_rewards, turn_ends
-from baselines.metrics import read_metrics
-from baselines.play import episode_turns, play_episodes
-from baselines.samples import read_samples
+from baselines.infra.metrics import read_metrics
+from baselines.infra.play import episode_turns, play_episodes
+from baselines.infra.samples import read_samples
+from baselines.learners import cory, ppo
+from baselines.rl.experience import gae, make_experience, token_rewards, turn_ends
 
 
 def generation(prompt: list[int], response: list[int], mask: list[int]) -> Generation:

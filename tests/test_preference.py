@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from baselines import madpo, marlhf
-from baselines.checkpoints import find_checkpoint
-from baselines.metrics import read_metrics
-from baselines.preference import (
+from baselines.infra.checkpoints import find_checkpoint
+from baselines.infra.metrics import read_metrics
+from baselines.learners import madpo, marlhf
+from baselines.rl.preference import (
     Pair,
     PairBuffer,
     bradley_terry_loss,
@@ -351,7 +351,7 @@ def test_bad_settings_get_one_line_errors(overrides, message):
 
 
 def test_cli_lists_and_checks_the_preference_learners(capsys):
-    from baselines.cli import main
+    from baselines.infra.cli import main
 
     for argv, message in (
         (["train", "madpo", "--iterative", "--comparator", "oracle"], "invalid choice 'oracle'"),

@@ -57,7 +57,7 @@ def random_answer(problem, rng: np.random.Generator) -> str:
 
 # ------------------------------------------------------------------------------------ registry, splits
 def test_ids_are_registered_and_listed(capsys):
-    from baselines.cli import main
+    from baselines.infra.cli import main
 
     expected = {"planning/plan-path-v0", "planning/plan-path-easy-v0", "puzzle/sudoku4-v0", "puzzle/sudoku9-v0",
                 "puzzle/sokoban-v0", "puzzle/sokoban-easy-v0"}

@@ -11,10 +11,10 @@ import re
 import pytest
 from test_magrpo import tiny_config
 
-from baselines import magrpo
-from baselines.cli import main
-from baselines.report import build_report, diff_html, write_report
-from baselines.samples import SAMPLES_FILE, read_samples
+from baselines.infra.cli import main
+from baselines.infra.report import build_report, diff_html, write_report
+from baselines.infra.samples import SAMPLES_FILE, read_samples
+from baselines.learners import magrpo
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from browser import CHROMIUM_NAMES, render
 
-from baselines.cli import main
-from baselines.samples import read_samples
+from baselines.infra.cli import main
+from baselines.infra.samples import read_samples
 
 INSTALL = "sudo apt-get install -y chromium fonts-liberation  (Debian/Ubuntu; .ci/run does this as root)"
 HAVE_BROWSER = any(shutil.which(name) for name in CHROMIUM_NAMES)

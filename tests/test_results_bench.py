@@ -158,16 +158,16 @@ def test_helpers(results, tmp_path) -> None:
 def test_eval_top_k(tiny_model_dir, capsys, monkeypatch) -> None:
     """``llm-envs eval --top-k`` reaches the evaluation (the untrained records sample as the learners'
     evaluations do, top-k 50); the default stays 0 (off); a negative value is refused."""
-    import baselines.evaluation
-    from baselines.cli import main
+    import baselines.infra.evaluation
+    from baselines.infra.cli import main
 
-    real, seen = baselines.evaluation.evaluate, []
+    real, seen = baselines.infra.evaluation.evaluate, []
 
     def evaluate(*args, **kwargs):
         seen.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(baselines.evaluation, "evaluate", evaluate)
+    monkeypatch.setattr(baselines.infra.evaluation, "evaluate", evaluate)
     base = ["eval", "--model", tiny_model_dir, "--env", "writing/xsum-single-v0", "--num-problems", "2",
             "--max-new-tokens", "12", "--max-source-words", "20"]
     assert main(base + ["--sample", "--top-k", "50", "--seed", "4"]) == 0

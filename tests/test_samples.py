@@ -12,9 +12,9 @@ import pytest
 from test_magrpo import tiny_config
 
 import llm_envs
-from baselines import cory, magrpo
-from baselines.metrics import read_metrics
-from baselines.samples import SAMPLES_FILE, TRAIN_EPISODES, SampleWriter, markdown, read_samples, table
+from baselines.infra.metrics import read_metrics
+from baselines.infra.samples import SAMPLES_FILE, TRAIN_EPISODES, SampleWriter, markdown, read_samples, table
+from baselines.learners import cory, magrpo
 
 
 class FakeWandb(types.ModuleType):

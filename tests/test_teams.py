@@ -311,7 +311,7 @@ def test_mismatched_tokenizer_and_model_refused(toks):
 def snapshot(run_dir) -> dict[str, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file
 
-    from baselines.checkpoints import find_checkpoint
+    from baselines.infra.checkpoints import find_checkpoint
 
     policy_dir = find_checkpoint(run_dir) / "policy"
     return {p.name: load_file(str(p)) for p in sorted(policy_dir.glob("*.adapter.safetensors"))}
@@ -339,7 +339,8 @@ def assert_trained(result, run_dir, agents, steps=(1, 2)):
 
 def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_path, varied_writing_reward,
                                                                 monkeypatch):
-    from baselines import magrpo, play
+    from baselines.infra import play
+    from baselines.learners import magrpo
 
     evaluations = []
     real_play = play.play_episodes
@@ -379,7 +380,7 @@ def test_magrpo_team_of_two_tokenizers_with_per_agent_settings(model_dirs, tmp_p
 
 
 def test_ppo_team_of_two_tokenizers(model_dirs, tmp_path):
-    from baselines import ppo
+    from baselines.learners import ppo
 
     config = ppo.Config(**learner_settings(
         tmp_path, "ppo", model=model_dirs["llama"], env="writing/xsum-v0", max_source_words=20,
@@ -394,7 +395,7 @@ def test_role_envs_follow_the_players_tokenizers(toks):
     agree; each role's spaces and stop ids are its player's."""
     from types import SimpleNamespace
 
-    from baselines.play import RoleEnvs
+    from baselines.infra.play import RoleEnvs
 
     smol, bpe = toks
 
@@ -421,7 +422,7 @@ def test_role_envs_follow_the_players_tokenizers(toks):
 def cory_of_two_tokenizers(model_dirs, tmp_path, name: str, **overrides):
     """CORY with ``model_0`` a Llama over SmolLM2's tokenizer and ``model_1`` a Qwen2 over the BPE one,
     swapping roles every iteration."""
-    from baselines import cory
+    from baselines.learners import cory
 
     settings = dict(model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen']}",),
                     agent_settings=("model_1.temperature=0.7",), batch_size=2, minibatch_size=2, num_ppo_epochs=1,
@@ -432,9 +433,10 @@ def cory_of_two_tokenizers(model_dirs, tmp_path, name: str, **overrides):
 def test_cory_swaps_roles_between_two_tokenizers(model_dirs, tmp_path, monkeypatch, capsys):
     """Each role's env speaks the tokenizer of the model playing it, in training and evaluation, across
     swaps; both models train; the samples and ``llm-envs eval --checkpoint`` work."""
-    from baselines import cory, play
-    from baselines.cli import main as cli
-    from baselines.samples import read_samples
+    from baselines.infra import play
+    from baselines.infra.cli import main as cli
+    from baselines.infra.samples import read_samples
+    from baselines.learners import cory
 
     sizes = {"model_0": len(load_tokenizer(model_dirs["llama"])), "model_1": len(load_tokenizer(model_dirs["qwen"]))}
     assert sizes["model_0"] != sizes["model_1"]
@@ -492,8 +494,8 @@ def test_cory_of_two_tokenizers_repeats_and_resumes_across_a_swap(model_dirs, tm
     exactly as the uninterrupted run (tests/test_interrupt.py)."""
     from test_interrupt import assert_same_run, patch_to_interrupt, run_state
 
-    from baselines import cory
-    from baselines.checkpoints import find_checkpoint
+    from baselines.infra.checkpoints import find_checkpoint
+    from baselines.learners import cory
 
     def config(name: str):  # iteration 1 in the first roles, iteration 2 swapped; evaluations after both
         return cory_of_two_tokenizers(model_dirs, tmp_path, name, num_eval_problems=1, eval_every=1)
@@ -516,7 +518,7 @@ def test_cory_of_two_tokenizers_repeats_and_resumes_across_a_swap(model_dirs, tm
 
 
 def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward):
-    from baselines import cory, maac, ppo
+    from baselines.learners import cory, maac, ppo
 
     result = cory.main(cory.Config(**learner_settings(
         tmp_path, "cory", model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen-smol']}",),
@@ -542,7 +544,7 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
 
 
 def test_agent_settings_errors_list_the_valid_names():
-    from baselines import magrpo
+    from baselines.learners import magrpo
 
     with pytest.raises(ValueError, match="unknown field 'temp' .*valid fields: temperature, top_p"):
         magrpo.Config(agent_settings=("brief.temp=1",))

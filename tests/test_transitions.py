@@ -146,7 +146,7 @@ def test_expert_transition_writes_the_next_prompts(tiny_model_dir, tokenizer):
 
 
 def test_magrpo_config_passes_the_transition():
-    from baselines.magrpo import Config
+    from baselines.learners.magrpo import Config
 
     assert Config(num_turns=2, transition="plain").env_kwargs()["transition"] == "plain"
     assert "transition" not in Config(num_turns=2, transition="expert").env_kwargs()  # built by main

@@ -1,4 +1,4 @@
-"""Tree rollouts, cross joint sampling, early termination and AT-GRPO grouping (baselines/tree.py),
+"""Tree rollouts, cross joint sampling, early termination and AT-GRPO grouping (baselines/rl/tree.py),
 checked against values worked out by hand on a scripted two-agent env.
 
 The scripted policy answers sample g of prompt row b at its k-th call (tree level k) with the word
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agents import Generation
-from baselines.tree import (
+from baselines.rl.tree import (
     child_seed,
     count_responses,
     fill_returns,
@@ -388,7 +388,7 @@ def test_seeded_tree_does_not_depend_on_the_batch(tiny_model_dir, tokenizer, pro
     ],
 )
 def test_config_rejects_bad_tree_settings(overrides, message):
-    from baselines.magrpo import Config
+    from baselines.learners.magrpo import Config
 
     with pytest.raises(ValueError, match=message):
         Config(**overrides)
@@ -409,8 +409,8 @@ def test_magrpo_tree_runs_train_every_agent(tiny_model_dir, tmp_path, overrides)
 
     from test_magrpo import adapter_state, tiny_config
 
-    from baselines import magrpo
-    from baselines.metrics import read_metrics
+    from baselines.infra.metrics import read_metrics
+    from baselines.learners import magrpo
 
     if overrides.get("transition") == "expert":
         overrides = {**overrides, "expert_model": tiny_model_dir, "expert_max_new_tokens": 4}

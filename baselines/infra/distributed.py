@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from baselines.tensors import strip_left_padding
+from baselines.rl.tensors import strip_left_padding
 
 Placement = Literal["data-parallel", "agent-per-device"]
 PLACEMENTS: tuple[str, ...] = ("data-parallel", "agent-per-device")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from baselines.metrics import read_metrics
+from baselines.infra.metrics import read_metrics
 
 
 def smooth(values: Sequence[float], window: int) -> np.ndarray:

@@ -1,10 +1,10 @@
-"""The policy-gradient update of MAGRPO (linear and tree rollouts, :mod:`baselines.tree`) and of MAAC's
+"""The policy-gradient update of MAGRPO (linear and tree rollouts, :mod:`baselines.rl.tree`) and of MAAC's
 actors: returns over turns, group-relative advantages, the (clipped) policy-gradient loss with an
 optional KL to the reference, and :func:`update_agent`, one agent's gradient steps on its sampled
 turns (micro-batched, summed over processes).
 
 The KL to the reference (the base model with adapters disabled) enters in one of two places
-(``kl_in``, baselines/config.py): as a loss term, :func:`kl_to_reference` per token inside
+(``kl_in``, baselines/infra/config.py): as a loss term, :func:`kl_to_reference` per token inside
 :func:`update_agent`; or as a penalty on the reward, :func:`sequence_kl` (that estimator summed over
 each response) from :func:`response_kl`, subtracted by :func:`kl_penalized` before returns and
 advantages. Both use the k3 estimator ``exp(d) - d - 1``, ``d = log ref - log pi`` per token.
@@ -23,9 +23,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from baselines import distributed
-from baselines.play import Turn
-from baselines.tensors import masked_mean
+from baselines.infra import distributed
+from baselines.infra.play import Turn
+from baselines.rl.tensors import masked_mean
 
 Baseline = Literal["mean", "rloo", "max", "none"]
 Aggregation = Literal["token-mean", "sequence-sum"]
@@ -94,7 +94,7 @@ def policy_gradient_loss(
 
     ``denominator`` replaces the local count (tokens for token-mean, responses for sequence-sum) by a
     given one: with several processes, the global count, so that the rank losses add up to the
-    one-process loss (see baselines/distributed.py).
+    one-process loss (see baselines/infra/distributed.py).
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (N, 1)
@@ -238,10 +238,13 @@ def update_agent(
     for epoch in range(config.num_epochs):
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros(())
+        # Per-turn statistics stay on the device (float64 sums, as Python floats summed them) and are read
+        # once an epoch: reading each micro-batch's would wait for the device every micro-batch.
+        pending: dict[str, list[torch.Tensor]] = {"pg_loss": [], "kl": [], "clip_fraction": []}
         for t, turn in enumerate(turns):
             gen = turn.responses[agent]
             denominator = None if denominators is None else denominators[t]
-            turn_pg = turn_kl = turn_clip = 0.0
+            turn_pg = turn_kl = turn_clip = torch.zeros((), dtype=torch.float64)
             for c in row_slices(gen, config):
                 logprobs = policy.logprobs(
                     agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
@@ -263,22 +266,27 @@ def update_agent(
                 if kl_loss:
                     kl = token_mean(kl_to_reference(logprobs, ref[t][c]), mask, t)
                     loss = loss + config.kl_coef * kl
-                    turn_kl += float(kl.detach())
+                    turn_kl = turn_kl + kl.detach().double()
                 if old is not None:
                     ratio = torch.exp(logprobs.detach() - old)
                     clipped = ((ratio - 1).abs() > config.clip_eps).float()
-                    turn_clip += float(token_mean(clipped, mask, t))
+                    turn_clip = turn_clip + token_mean(clipped, mask, t).double()
                 # Backward per part: only one part's graph is alive at a time.
                 (loss / len(turns)).backward()
                 total = total + loss.detach() / len(turns)
-                turn_pg += float(pg.detach())
-            stats["pg_loss"].append(turn_pg)
+                turn_pg = turn_pg + pg.detach().double()
+            pending["pg_loss"].append(turn_pg)
             if kl_loss:
-                stats["kl"].append(turn_kl)
+                pending["kl"].append(turn_kl)
             if epoch > 0:
-                stats["clip_fraction"].append(turn_clip)
+                pending["clip_fraction"].append(turn_clip)
+        names = [k for k, v in pending.items() for _ in v]
+        values = [v.to(total.device) for k in pending for v in pending[k]]
+        read = torch.stack([*values, total.detach().double()]).tolist()  # the epoch's one wait for the device
+        for name, value in zip(names, read):
+            stats[name].append(value)
         # Every rank must see the same verdict, or the others would wait forever in the all-reduce.
-        overall = distributed.all_sum(float(total.detach())) if spread else float(total.detach())
+        overall = distributed.all_sum(read[-1]) if spread else read[-1]
         if not math.isfinite(overall):
             # Raised before the optimizer step: the weights are left as they were.
             raise FloatingPointError(
@@ -286,7 +294,7 @@ def update_agent(
                 f"({config.learning_rate}) or check the rewards"
             )
         norm = step_agent(policy, optimizer, agent, config.max_grad_norm)
-        stats["loss"].append(float(total.detach()))
+        stats["loss"].append(read[-1])
         stats["grad_norm"].append(float(norm))
     # Gradients are not kept between updates: until this agent's next update they would only hold memory
     # (its adapter's size in float32) through the other agents' updates, the rollout and the evaluation.

@@ -1,5 +1,5 @@
 """One training run: everything around a learner's algorithm, the same for MAGRPO, PPO and CORY (their
-configs are :class:`~baselines.config.LearnerConfig`). A learner reads::
+configs are :class:`~baselines.infra.config.LearnerConfig`). A learner reads::
 
     run = Run.begin(config)                       # threads, processes, run directory, seeds (run.rng)
     ...                                           # the policy, the envs, one optimizer per agent
@@ -18,7 +18,7 @@ The state a checkpoint holds is taken at every iteration boundary (:meth:`Run.bo
 tensors are copied only when its optimizer is about to step): Ctrl-C in the middle of an iteration
 saves the last boundary, never half-updated weights, so a resumed run is exactly the uninterrupted one.
 Under torchrun or accelerate launch only rank 0 evaluates, logs, plots and writes checkpoints; the other
-ranks wait for it at the same points (baselines/distributed.py).
+ranks wait for it at the same points (baselines/infra/distributed.py).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from agents.memory import release_memory
-from baselines import distributed, evaluation
-from baselines.checkpoints import (
+from baselines.infra import distributed, evaluation
+from baselines.infra.checkpoints import (
     BoundaryState,
     TrainerState,
     check_run_dir,
@@ -43,10 +43,10 @@ from baselines.checkpoints import (
     resume_checkpoint,
     save_checkpoint,
 )
-from baselines.metrics import METRICS_FILE, MetricLogger
-from baselines.plots import plot_metrics
-from baselines.rng import seed_everything
-from baselines.samples import SampleWriter
+from baselines.infra.metrics import METRICS_FILE, MetricLogger
+from baselines.infra.plots import plot_metrics
+from baselines.infra.rng import seed_everything
+from baselines.infra.samples import SampleWriter
 
 
 class Run:

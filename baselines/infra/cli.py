@@ -135,10 +135,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     print(learner.summary(result))
-    from baselines import distributed
+    from baselines.infra import distributed
 
     if distributed.rank() == 0:
-        from baselines.report import write_report
+        from baselines.infra.report import write_report
 
         print(f"report: {write_report(result['run_dir'])}")
     return 0
@@ -169,10 +169,10 @@ def tyro_error_line(text: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     import llm_envs
     from agents import LoraSettings, MultiAgentPolicy
-    from baselines.checkpoints import CheckpointError, find_checkpoint
-    from baselines.config import parse_agent_models, parse_agent_settings
-    from baselines.evaluation import evaluate
-    from baselines.play import team_env_kwargs
+    from baselines.infra.checkpoints import CheckpointError, find_checkpoint
+    from baselines.infra.config import parse_agent_models, parse_agent_settings
+    from baselines.infra.evaluation import evaluate
+    from baselines.infra.play import team_env_kwargs
 
     env_id, model = args.env, args.model
     env_kwargs: dict = {}
@@ -225,7 +225,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     agents, max_new_tokens = list(env.possible_agents), args.max_new_tokens or env.max_new_tokens
     adapters = {a: a for a in agents}
     if learner == "cory":
-        from baselines.cory import MODELS, role_assignment
+        from baselines.learners.cory import MODELS, role_assignment
 
         # The roles each model played at the end of training.
         adapters = role_assignment(max(int(trainer["step"]) - 1, 0), agents, int(saved["swap_every"]))
@@ -240,7 +240,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if any(settings != lora for settings in own.values()):
         lora = own
     if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
-        from baselines.critic import CRITIC
+        from baselines.rl.critic import CRITIC
 
         # The critic sits on the first model's base, at the run's LoRA settings.
         if isinstance(bases, dict):
@@ -269,8 +269,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from baselines.metrics import METRICS_FILE
-    from baselines.plots import plot_metrics
+    from baselines.infra.metrics import METRICS_FILE
+    from baselines.infra.plots import plot_metrics
 
     path = Path(args.path)
     if path.is_dir():
@@ -295,7 +295,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from baselines.report import write_report
+    from baselines.infra.report import write_report
 
     print(write_report(args.run_dir, args.output))
     return 0
@@ -370,7 +370,7 @@ def _warnings_in_one_line(default):
     """``warnings.showwarning`` that prints llm-envs' own warnings as one line (others as before)."""
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
-        from baselines.checkpoints import CheckpointFallbackWarning
+        from baselines.infra.checkpoints import CheckpointFallbackWarning
 
         if issubclass(category, CheckpointFallbackWarning):
             print(f"llm-envs: warning: {' '.join(str(message).split())}", file=file or sys.stderr)

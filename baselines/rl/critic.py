@@ -1,6 +1,6 @@
 """The centralised critic: a value head with its own LoRA adapter (``CRITIC``) on the shared frozen base,
-reading every agent's prompt and response. MAAC's critic (baselines/maac.py), and PPO's and CORY's with
-``--critic central`` (baselines/experience.py, baselines/ppo.py).
+reading every agent's prompt and response. MAAC's critic (baselines/learners/maac.py), and PPO's and CORY's with
+``--critic central`` (baselines/rl/experience.py, baselines/learners/ppo.py).
 
 =====================  =====================================================================
 ``critic_inputs``      MAAC's view of a joint turn: every agent's prompt then response, in env order

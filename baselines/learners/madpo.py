@@ -34,12 +34,13 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines import distributed
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
-from baselines.metrics import reward_metrics
-from baselines.play import probe_env, team_env_kwargs
-from baselines.policy_gradient import kl_to_reference, step_agent
-from baselines.preference import (
+from baselines.infra import distributed
+from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
+from baselines.infra.metrics import reward_metrics
+from baselines.infra.play import probe_env, team_env_kwargs
+from baselines.infra.run import Run
+from baselines.rl.policy_gradient import kl_to_reference, step_agent
+from baselines.rl.preference import (
     COMPARATORS,
     REPLAYS,
     SELECTIONS,
@@ -60,7 +61,6 @@ from baselines.preference import (
     sample_candidates,
     select_pairs,
 )
-from baselines.run import Run
 
 LEARNER = "madpo"
 
@@ -161,7 +161,7 @@ class PreferenceConfig(LearnerConfig):
 
 @dataclass
 class Config(PreferenceConfig):
-    """MADPO settings: the shared ones (baselines/config.py), the preference ones and MADPO's own."""
+    """MADPO settings: the shared ones (baselines/infra/config.py), the preference ones and MADPO's own."""
 
     learner: ClassVar[str] = LEARNER
     beta: float = 0.1
@@ -576,7 +576,7 @@ def load_preference_state(team: Team, run: Run, config: PreferenceConfig) -> tup
 
 
 def summary(result: Mapping[str, Any]) -> str:
-    from baselines.magrpo import summary as magrpo_summary
+    from baselines.learners.magrpo import summary as magrpo_summary
 
     return magrpo_summary(result)
 

@@ -1,5 +1,5 @@
 """Random number generators of a run: seeding, a seeded block that leaves training's streams alone, and
-the state of every generator for checkpoints (:mod:`baselines.checkpoints`).
+the state of every generator for checkpoints (:mod:`baselines.infra.checkpoints`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ The KL penalty's estimator is "k1", ``log pi - log pi_ref`` of each sampled toke
 TRL): a token's may be negative, its sum over a response is an unbiased estimate of the response's
 KL(pi || ref), and ``-kl_coef`` times it per token sums (undiscounted) to ``-kl_coef`` times that
 estimate. ``--kl-in loss`` passes ``kl_coef=0`` here and puts a k3 term into the loss instead
-(baselines/ppo.py); the log-ratio is still computed and logged as the episode's KL.
+(baselines/learners/ppo.py); the log-ratio is still computed and logged as the episode's KL.
 
 >>> masks = [torch.tensor([[1, 1, 0]]), torch.tensor([[1, 0]])]   # turn 0: 2 tokens, turn 1: 1 token
 >>> ends = turn_ends(masks)
@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from baselines import distributed
-from baselines.critic import CRITIC
-from baselines.tensors import masked_mean
+from baselines.infra import distributed
+from baselines.rl.critic import CRITIC
+from baselines.rl.tensors import masked_mean
 
 
 def whiten(
@@ -171,7 +171,7 @@ class Experience:
     scores: torch.Tensor
     contexts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     """``--critic central``: each turn's (N, L) context ids and mask of the central critic
-    (:func:`baselines.critic.central_context`); ``None``: the model's own value head."""
+    (:func:`baselines.rl.critic.central_context`); ``None``: the model's own value head."""
     ref_logprobs: torch.Tensor | None = None
     """(N, T) the reference's log-probs of the responses (``--kl-in loss``'s KL term reads them)."""
 

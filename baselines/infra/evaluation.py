@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines import play
-from baselines.rng import seeded
-from baselines.samples import episode_records
+from baselines.infra import play
+from baselines.infra.rng import seeded
+from baselines.infra.samples import episode_records
 from llm_envs.core.vector import make_vec
 
 PASS_COMPONENTS = ("tests", "correct")
@@ -48,11 +48,11 @@ def evaluate(
     Torch's RNG is forked so that evaluating never changes what training samples next.
 
     ``episodes``: a list to extend with one transcript record per episode (prompts, responses,
-    reward and components; :func:`baselines.samples.episode_records`).
+    reward and components; :func:`baselines.infra.samples.episode_records`).
 
     ``sampling``: policy agent -> its own ``agents.Sampling`` (max new tokens, stop strings,
     temperature/top-p/top-k, greedy), replacing the keywords above for the agents it names (a team
-    whose agents sample differently; :meth:`baselines.config.LearnerConfig.eval_sampling`)."""
+    whose agents sample differently; :meth:`baselines.infra.config.LearnerConfig.eval_sampling`)."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     # The env ends a response where the policy stopped generating it (every EOS id of the model).

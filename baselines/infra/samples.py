@@ -99,7 +99,7 @@ def read_samples(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 class SampleWriter:
     """Appends records to ``run_dir/samples.jsonl`` and mirrors them to the run's TensorBoard / W&B
-    through ``logger`` (a :class:`baselines.metrics.MetricLogger`, optional).
+    through ``logger`` (a :class:`baselines.infra.metrics.MetricLogger`, optional).
 
     ``resume_step``: records of later iterations (written after the checkpoint a run resumes from)
     are dropped, as the metrics are; ``None`` starts the file afresh. ``train_every``: write training

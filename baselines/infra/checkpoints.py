@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines.metrics import atomic_write_text, config_dict
-from baselines.rng import rng_state, set_rng_state
+from baselines.infra.metrics import atomic_write_text, config_dict
+from baselines.infra.rng import rng_state, set_rng_state
 
 CHECKPOINT_FORMAT = "llm-envs-trainer-v1"
 TRAINER_FILE = "trainer.json"
@@ -77,7 +77,7 @@ class TrainerState:
 class BoundaryState:
     """The state at an iteration boundary, copied on write: what :class:`TrainerState` holds, but an
     agent's adapter, value head and optimizer state are copied only when its optimizer is about to
-    step (:meth:`freeze`, which :class:`~baselines.run.Run` calls from a step pre-hook on every
+    step (:meth:`freeze`, which :class:`~baselines.infra.run.Run` calls from a step pre-hook on every
     optimizer), not at the boundary itself.
 
     Until then the live tensors *are* the boundary's (rollouts, scoring and evaluations do not change
@@ -320,7 +320,7 @@ def load_checkpoint(
 def field_defaults(config: Any) -> dict[str, Any]:
     """The defaults of a dataclass config's fields (those with one).
 
-    >>> from baselines.magrpo import Config
+    >>> from baselines.learners.magrpo import Config
     >>> field_defaults(Config())["kl_in"]
     'loss'
     """

@@ -1,5 +1,5 @@
-"""Preference learning for teams: the pieces MADPO and MARLHF share (:mod:`baselines.madpo`,
-:mod:`baselines.marlhf`). Docs: docs/madpo.md, docs/marlhf.md.
+"""Preference learning for teams: the pieces MADPO and MARLHF share (:mod:`baselines.learners.madpo`,
+:mod:`baselines.learners.marlhf`). Docs: docs/madpo.md, docs/marlhf.md.
 
 =========================  ==========================================================================
 ``ranked_pairs``           offline pairs: every ordered pair of one prompt's joint candidates with
@@ -364,10 +364,10 @@ def sample_candidates(
 ) -> Candidates:
     """Play one turn of ``len(problems) * num_samples`` envs (``venv`` has exactly that many): env
     ``b * N + j`` holds problem ``problems[b]``; every agent samples its N responses of a problem under
-    ``group_seeds[b]`` (:func:`baselines.distributed.generate_per_group`: the same samples whatever
+    ``group_seeds[b]`` (:func:`baselines.infra.distributed.generate_per_group`: the same samples whatever
     else is in the batch); the env scores the joint candidates. Single-turn envs only."""
-    from baselines import distributed
-    from baselines.tensors import pad_actions
+    from baselines.infra import distributed
+    from baselines.rl.tensors import pad_actions
 
     options = [{"task_index": int(p), "split": "train"} for p in problems for _ in range(num_samples)]
     obs, _ = venv.reset(seed=list(env_seeds), options=options)
@@ -384,9 +384,9 @@ def sample_candidates(
 
 def candidate_kl(policy: Any, cands: Candidates, config: Any) -> np.ndarray:
     """(rows,) the summed per-agent sequence KL to the reference of every joint candidate
-    (:func:`baselines.policy_gradient.response_kl`: k3 per token from the sampling-time log-probs, summed
+    (:func:`baselines.rl.policy_gradient.response_kl`: k3 per token from the sampling-time log-probs, summed
     over each agent's response, in passes bounded by ``config``'s micro-batch settings), summed over agents."""
-    from baselines.policy_gradient import response_kl
+    from baselines.rl.policy_gradient import response_kl
 
     return sum(response_kl(policy, a, g, config).double().numpy() for a, g in cands.gens.items())
 

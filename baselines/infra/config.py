@@ -9,10 +9,10 @@ no docstring: tyro keeps the ``--help`` text written here and renders everything
 ``CoreConfig``     env and data, turns and transitions, sampling, LoRA and optimiser basics, the
                    evaluation size, the run directory and the hardware: every learner (MAAC too)
 ``LearnerConfig``  ``CoreConfig`` and evaluation during training, transcripts, checkpoints,
-                   ``--resume`` and W&B: the learners run by :mod:`baselines.run` (MAGRPO, PPO, CORY)
+                   ``--resume`` and W&B: the learners run by :mod:`baselines.infra.run` (MAGRPO, PPO, CORY)
 =================  ===========================================================================
 
->>> from baselines.magrpo import Config
+>>> from baselines.learners.magrpo import Config
 >>> Config(temperature=0).temperature
 Traceback (most recent call last):
 ...
@@ -424,7 +424,7 @@ class CoreConfig:
 
 @dataclass
 class LearnerConfig(CoreConfig):
-    """``CoreConfig`` and the fields of a run on :class:`baselines.run.Run`: evaluations during
+    """``CoreConfig`` and the fields of a run on :class:`baselines.infra.run.Run`: evaluations during
     training, transcripts, periodic checkpoints, ``--resume`` and W&B."""
 
     resumable_fields: ClassVar[tuple[str, ...]] = (

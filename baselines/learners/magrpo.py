@@ -21,9 +21,9 @@ Run it::
     llm-envs train magrpo --preset demo          # the README's demo: ~10 minutes on 2 CPU cores
 
 The math of steps 3-5 (``discounted_returns``, ``group_advantages``, ``policy_gradient_loss``) and
-``update_agent`` are in :mod:`baselines.policy_gradient`, shared with the tree rollouts
-(:mod:`baselines.tree`) and MAAC's actors; the rollout in :mod:`baselines.play`; the run around the
-loop (directory, logs, evaluations, checkpoints, Ctrl-C) in :mod:`baselines.run`.
+``update_agent`` are in :mod:`baselines.rl.policy_gradient`, shared with the tree rollouts
+(:mod:`baselines.rl.tree`) and MAAC's actors; the rollout in :mod:`baselines.infra.play`; the run around the
+loop (directory, logs, evaluations, checkpoints, Ctrl-C) in :mod:`baselines.infra.run`.
 """
 
 from __future__ import annotations
@@ -36,12 +36,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines import distributed, tree
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
-from baselines.distributed import PLACEMENTS
-from baselines.metrics import reward_metrics
-from baselines.play import Turn, probe_env, rollout, team_env_kwargs
-from baselines.policy_gradient import (
+from baselines.infra import distributed
+from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
+from baselines.infra.distributed import PLACEMENTS
+from baselines.infra.metrics import reward_metrics
+from baselines.infra.play import Turn, probe_env, rollout, team_env_kwargs
+from baselines.infra.run import Run, mean_over_agents
+from baselines.rl import tree
+from baselines.rl.policy_gradient import (
     Aggregation,
     Baseline,
     discounted_returns,
@@ -50,7 +52,6 @@ from baselines.policy_gradient import (
     response_kl,
     update_agent,
 )
-from baselines.run import Run, mean_over_agents
 from llm_envs.core.vector import make_vec
 
 LEARNER = "magrpo"
@@ -58,7 +59,7 @@ LEARNER = "magrpo"
 
 @dataclass
 class Config(LearnerConfig):
-    """MAGRPO settings: the shared ones (baselines/config.py) and MAGRPO's own. Every field is a
+    """MAGRPO settings: the shared ones (baselines/infra/config.py) and MAGRPO's own. Every field is a
     ``--flag`` of ``llm-envs train magrpo``."""
 
     learner: ClassVar[str] = LEARNER
@@ -68,7 +69,7 @@ class Config(LearnerConfig):
     """linear: G episodes per problem, sample g of every agent forms joint g, each episode continues
     on its own; responses per problem and agent: G * T. tree (the reference's): every joint action of
     a turn branches into a child node with G new samples per agent; responses per problem and agent:
-    G + G^2 + ... + G^T (aligned), G * (1 + G^N + G^2N + ...) (cross, N agents). See baselines/tree.py."""
+    G + G^2 + ... + G^T (aligned), G * (1 + G^N + G^2N + ...) (cross, N agents). See baselines/rl/tree.py."""
     joint_mode: Literal["aligned", "cross"] = "aligned"
     """aligned: joint action g = the g-th sample of every agent (G joint rewards per problem and turn);
     cross: every combination of the agents' samples (G^N joint rewards), each sample credited with the
@@ -80,7 +81,7 @@ class Config(LearnerConfig):
     protocol: Literal["auto", "parallel", "sequential"] = "auto"
     """The env's protocol: ``auto`` (the id's registered one), ``parallel`` (all agents at once) or
     ``sequential`` (agents in order, each seeing the earlier agents' responses of the turn; tree
-    rollouts only, baselines/tree.py)."""
+    rollouts only, baselines/rl/tree.py)."""
     grouping: Literal["auto", "agent-turn", "problem-turn"] = "auto"
     """Advantage groups. agent-turn (AT-GRPO, arXiv 2510.11062; the reference's tree): each agent's G
     samples under one history (one tree node); problem-turn: all of one problem's samples of a turn.
@@ -165,7 +166,7 @@ class Config(LearnerConfig):
         if self.resolved_protocol() == "sequential" and not self.uses_tree():
             raise ValueError(
                 f"protocol={self.protocol!r} is sequential for {self.env!r} and rollout='linear': sequential "
-                "episodes are played as trees here (baselines/tree.py); use rollout='tree'"
+                "episodes are played as trees here (baselines/rl/tree.py); use rollout='tree'"
             )
 
     def check_processes(self, world_size: int) -> None:
@@ -207,7 +208,7 @@ class Config(LearnerConfig):
         return "agent-turn" if self.rollout == "tree" else "problem-turn"
 
     def uses_tree(self) -> bool:
-        """Whether this run plays tree rollouts (baselines/tree.py): a tree, or cross joint sampling."""
+        """Whether this run plays tree rollouts (baselines/rl/tree.py): a tree, or cross joint sampling."""
         return self.rollout == "tree" or self.joint_mode == "cross"
 
 
@@ -260,7 +261,7 @@ def main(config: Config) -> dict[str, float]:
     as ``eval_before/*`` and ``eval/*``).
 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its share of each
-    iteration's problems and the gradients are summed over processes (baselines/distributed.py); only
+    iteration's problems and the gradients are summed over processes (baselines/infra/distributed.py); only
     rank 0 evaluates, logs, plots and writes checkpoints, so ``eval*`` and ``plot`` are in rank 0's
     result only."""
     from agents import ExpertTransition
@@ -301,7 +302,7 @@ def main(config: Config) -> dict[str, float]:
         for iteration in run.iterations():
             t0 = time.perf_counter()
             problems = run.rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
-            if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/tree.py
+            if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/rl/tree.py
                 seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
                 options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
                 sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
@@ -369,7 +370,7 @@ def main(config: Config) -> dict[str, float]:
 
 def summary(result: dict[str, Any]) -> str:
     """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.evaluation import eval_table
+    from baselines.infra.evaluation import eval_table
 
     lines = eval_table(result)
     if "reward/total" in result:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from baselines import distributed
-from baselines.tensors import pad_actions, strip_left_padding
+from baselines.infra import distributed
+from baselines.rl.tensors import pad_actions, strip_left_padding
 
 
 def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:

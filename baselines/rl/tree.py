@@ -252,7 +252,7 @@ def _expand_parallel(
 ) -> tuple[dict[str, Any], list[list[_Outcome]]]:
     """Every agent samples G responses at every node (one ``generate_joint`` call); each joint action
     steps its own copy of the node's env."""
-    from baselines.tensors import pad_actions, strip_left_padding
+    from baselines.rl.tensors import pad_actions, strip_left_padding
 
     combos = joint_indices(len(agents), g, mode)
     prompts = {}
@@ -282,7 +282,7 @@ def _expand_sequential(
     """Agents in turn order: each answers the prompt of every partial joint action so far (its env
     copy, holding the earlier agents' responses), G samples per prompt for the first agent and in
     cross mode, one in aligned mode; one ``generate_joint`` call per agent for the whole level."""
-    from baselines.tensors import pad_actions, strip_left_padding
+    from baselines.rl.tensors import pad_actions, strip_left_padding
 
     length = frontier[0].env.max_new_tokens
     # Per node: the partial joint actions so far, (env after them, each earlier agent's sample index).
@@ -338,7 +338,7 @@ def fill_returns(levels: Sequence[Level], gamma: float) -> None:
 def penalize_kl(levels: Sequence[Level], agent: str, kls: Sequence[np.ndarray], kl_coef: float) -> None:
     """``kl_in="reward"``: subtract ``kl_coef`` times the KL of ``agent``'s own sample (``kls``: one
     (rows,) array per level, rows as the level's generation of ``agent``, :func:`sequence_kl
-    <baselines.policy_gradient.sequence_kl>`) from ``agent``'s reward of every joint action the sample
+    <baselines.rl.policy_gradient.sequence_kl>`) from ``agent``'s reward of every joint action the sample
     takes part in, before :func:`fill_returns`. In cross mode a sample in k joint actions is charged k
     times, as it is credited with the k returns."""
     for level, kl in zip(levels, kls):
@@ -363,7 +363,7 @@ def tree_advantages(
     generations). ``agent-turn``: one group per node and G consecutive samples (this agent's G samples
     under one history; a node of the sequential cross mode has several); ``problem-turn``: one group
     per problem and level."""
-    from baselines.policy_gradient import group_advantages
+    from baselines.rl.policy_gradient import group_advantages
 
     g = num_generations
     out = []
@@ -424,9 +424,9 @@ def train_step(
     update sums the gradients over processes, and the metrics are those of every process's trees."""
     import time
 
-    from baselines import distributed
-    from baselines.play import Turn
-    from baselines.policy_gradient import response_kl, update_agent
+    from baselines.infra import distributed
+    from baselines.infra.play import Turn
+    from baselines.rl.policy_gradient import response_kl, update_agent
 
     t0 = time.perf_counter()
     sampling = config.sampling_kwargs(list(template.possible_agents))

@@ -19,10 +19,10 @@ Run it::
     llm-envs train ppo --env sentiment/imdb-v0 --num-iterations 100
     llm-envs train ppo --env sentiment/imdb-cory-v0      # two independent PPO agents, no role swaps
 
-CORY (:mod:`baselines.cory`) is this learner with two models that swap roles. Multi-turn episodes
+CORY (:mod:`baselines.learners.cory`) is this learner with two models that swap roles. Multi-turn episodes
 (``--num-turns``): each turn's env reward goes on that turn's last token and GAE runs across the turns
-of an agent's episode (:mod:`baselines.experience` says how turns and rewards map to tokens). The run
-around the loop (directory, logs, evaluations, checkpoints, Ctrl-C) is :mod:`baselines.run`.
+of an agent's episode (:mod:`baselines.rl.experience` says how turns and rewards map to tokens). The run
+around the loop (directory, logs, evaluations, checkpoints, Ctrl-C) is :mod:`baselines.infra.run`.
 """
 
 from __future__ import annotations
@@ -36,23 +36,23 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines import distributed, play
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
-from baselines.critic import CRITIC, central_context, central_forward
-from baselines.experience import Experience, make_experience
-from baselines.kl_control import kl_controller
-from baselines.metrics import reward_metrics
-from baselines.play import RoleEnvs, check_shared_tokenizer, probe_env
-from baselines.policy_gradient import kl_to_reference
-from baselines.run import Run, mean_over_agents
-from baselines.tensors import masked_mean
+from baselines.infra import distributed, play
+from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.metrics import reward_metrics
+from baselines.infra.play import RoleEnvs, check_shared_tokenizer, probe_env
+from baselines.infra.run import Run, mean_over_agents
+from baselines.rl.critic import CRITIC, central_context, central_forward
+from baselines.rl.experience import Experience, make_experience
+from baselines.rl.kl_control import kl_controller
+from baselines.rl.policy_gradient import kl_to_reference
+from baselines.rl.tensors import masked_mean
 
 LEARNER = "ppo"
 
 
 @dataclass
 class Config(LearnerConfig):
-    """PPO settings: the shared ones (baselines/config.py) and PPO's own. Every field is a ``--flag``
+    """PPO settings: the shared ones (baselines/infra/config.py) and PPO's own. Every field is a ``--flag``
     of ``llm-envs train ppo``."""
 
     learner: ClassVar[str] = LEARNER
@@ -105,7 +105,7 @@ class Config(LearnerConfig):
     critic: Literal["per-agent", "central"] = "per-agent"
     """Value function: ``per-agent`` (a value head on each model's adapter: IAC) or ``central`` (one
     critic adapter + value head, MAAC's, shared by every model, reading every agent's prompt and response
-    before the scored tokens; its own optimizer at learning_rate; baselines/critic.py)."""
+    before the scored tokens; its own optimizer at learning_rate; baselines/rl/critic.py)."""
     seed_per_episode: bool | None = None
     """Sample each episode on its own from a seed of (seed, iteration, episode position), so that the
     samples do not depend on how episodes are split across processes. Unset: on with several
@@ -376,7 +376,7 @@ def model_metrics(
 def rollout_sampling(config: Config, models: Sequence[str], length: int) -> dict[str, Any]:
     """The sampling keywords of a PPO batch of response length ``length`` (per model in a team)."""
     kwargs = config.sampling_kwargs(models, max_new_tokens=length, repetition_penalty=config.repetition_penalty)
-    kwargs.pop("logprob_temperature")  # PPO rescores every response (baselines/experience.py)
+    kwargs.pop("logprob_temperature")  # PPO rescores every response (baselines/rl/experience.py)
     return kwargs
 
 
@@ -390,14 +390,14 @@ def train(
     """The PPO loop shared by PPO and CORY. ``models`` names the adapters (default: the env's agents);
     ``assign(iteration)`` says which model plays which role (default: each agent plays itself). Each
     model keeps its own adapter, value head, optimizer and KL controller whichever role it plays, and
-    each role's env speaks the tokenizer of the model playing it (:class:`baselines.play.RoleEnvs`): the
+    each role's env speaks the tokenizer of the model playing it (:class:`baselines.infra.play.RoleEnvs`): the
     models may have different tokenizers, except with ``--critic central`` (its critic reads every
     model's token ids).
 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its contiguous share
     of each iteration's episodes, each episode sampled under its own seed; advantages are whitened
     over the whole batch, minibatches are the same global rows on every rank, gradients are summed
-    over ranks and the KL controllers see the global mean KL (baselines/distributed.py). Only rank 0
+    over ranks and the KL controllers see the global mean KL (baselines/infra/distributed.py). Only rank 0
     evaluates, logs, plots and writes checkpoints, so ``eval*`` and ``plot`` are in its result only."""
     from agents import LoraSettings, MultiAgentPolicy
 
@@ -526,7 +526,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
 
 def summary(result: Mapping[str, Any]) -> str:
     """Closing lines of a run: eval before/after, per-model task reward and KL, where the plot is."""
-    from baselines.evaluation import eval_table
+    from baselines.infra.evaluation import eval_table
 
     lines = eval_table(result)
     for key in sorted(k for k in result if k.endswith("/task_reward")):

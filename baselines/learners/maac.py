@@ -20,10 +20,10 @@ Run it::
 
     llm-envs train maac --env writing/xsum-v0 --num-iterations 100
 
-The critic's pieces (shared with PPO's and CORY's ``--critic central``) are in :mod:`baselines.critic`;
-the actors' rollout and update are MAGRPO's (:mod:`baselines.play`, :mod:`baselines.policy_gradient`);
+The critic's pieces (shared with PPO's and CORY's ``--critic central``) are in :mod:`baselines.rl.critic`;
+the actors' rollout and update are MAGRPO's (:mod:`baselines.infra.play`, :mod:`baselines.rl.policy_gradient`);
 the run around the loop (directory, logs, evaluations, checkpoints, ``--resume``, Ctrl-C) is
-:mod:`baselines.run`'s.
+:mod:`baselines.infra.run`'s.
 """
 
 from __future__ import annotations
@@ -37,9 +37,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines import distributed
-from baselines.config import LearnerConfig, check_choice, check_ints, check_ranges
-from baselines.critic import (
+from baselines.infra import distributed
+from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.metrics import reward_metrics
+from baselines.infra.play import check_shared_tokenizer, probe_env, rollout, team_env_kwargs
+from baselines.infra.run import Run, mean_over_agents
+from baselines.rl.critic import (
     CRITIC,
     central_context,
     central_forward,
@@ -48,10 +51,7 @@ from baselines.critic import (
     row_chunks,
     value_loss,
 )
-from baselines.metrics import reward_metrics
-from baselines.play import check_shared_tokenizer, probe_env, rollout, team_env_kwargs
-from baselines.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
-from baselines.run import Run, mean_over_agents
+from baselines.rl.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
 
 LEARNER = "maac"
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
 
 @dataclass
 class Config(LearnerConfig):
-    """MAAC settings: the shared ones (baselines/config.py) and MAAC's own. Every field is a ``--flag``
+    """MAAC settings: the shared ones (baselines/infra/config.py) and MAAC's own. Every field is a ``--flag``
     of ``llm-envs train maac``."""
 
     learner: ClassVar[str] = LEARNER
@@ -121,8 +121,8 @@ class Config(LearnerConfig):
             )
 
     def actor_config(self) -> Any:
-        """The settings magrpo's rollout and actor update read (baselines.policy_gradient.update_agent)."""
-        from baselines.magrpo import Config as MAGRPOConfig
+        """The settings magrpo's rollout and actor update read (baselines.rl.policy_gradient.update_agent)."""
+        from baselines.learners.magrpo import Config as MAGRPOConfig
 
         return MAGRPOConfig(
             env=self.env, num_turns=self.num_turns, seed=self.seed, num_problems=self.num_problems,
@@ -240,7 +240,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its share of each
     iteration's problems (each problem group sampled from its own seed); advantages are whitened over
     the whole batch and the actors' and the critic's gradients summed over processes
-    (baselines/distributed.py). Only rank 0 evaluates, logs, plots and writes checkpoints. Ctrl-C saves
+    (baselines/infra/distributed.py). Only rank 0 evaluates, logs, plots and writes checkpoints. Ctrl-C saves
     the last finished iteration; ``--resume`` continues from the newest checkpoint."""
     from agents import LoraSettings, MultiAgentPolicy
     from llm_envs.core.vector import VectorEnv
@@ -354,7 +354,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
 
 def summary(result: dict[str, Any]) -> str:
     """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.evaluation import eval_table
+    from baselines.infra.evaluation import eval_table
 
     lines = eval_table(result)
     if "reward/total" in result:

@@ -10,7 +10,7 @@ Multi-Agent Reinforcement Learning" (NeurIPS 2024). Docs: docs/cory.md.
 2. Each iteration plays a batch on a sequential pioneer -> observer env (``sentiment/imdb-cory-v0``,
    ``math/gsm8k-cory-v0``): the pioneer answers the query, the observer answers after reading it; both
    receive the collective reward r(pioneer) + r(observer) from the env.
-3. Each model is updated by its own PPO (:mod:`baselines.ppo`): KL to the frozen base on its own
+3. Each model is updated by its own PPO (:mod:`baselines.learners.ppo`): KL to the frozen base on its own
    prompt, value head, GAE, clipped losses, adaptive KL controller.
 4. Every ``swap_every`` iterations the models exchange roles. The swap is by reference: which adapter
    plays which role changes; adapters, value heads, optimizers and KL controllers stay with their model.
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from baselines import ppo
+from baselines.learners import ppo
 
 LEARNER = "cory"
 MODELS = ("model_0", "model_1")

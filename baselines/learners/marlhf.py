@@ -2,7 +2,7 @@
 
 Facts from the reference (CoMLRL 1.3.9-1.4.1); our code and design. Docs: docs/marlhf.md.
 
-1. Pairs as in MADPO (:mod:`baselines.madpo`): offline from N joint candidates per prompt ranked by the
+1. Pairs as in MADPO (:mod:`baselines.learners.madpo`): offline from N joint candidates per prompt ranked by the
    task's joint reward, or iteratively, the current team against a comparator, with replay.
 2. The reward model: an adapter (``reward_model``) with a scalar head on the agents' base, reading
    every agent's prompt and response (agents in env order) and scoring the last token; trained with
@@ -31,10 +31,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from baselines import distributed
-from baselines.config import check_choice, check_ints, check_ranges, preset
-from baselines.critic import critic_inputs, critic_values
-from baselines.madpo import (
+from baselines.infra import distributed
+from baselines.infra.config import check_choice, check_ints, check_ranges, preset
+from baselines.infra.metrics import reward_metrics
+from baselines.infra.play import Turn, check_shared_tokenizer
+from baselines.infra.run import Run, mean_over_agents
+from baselines.learners.madpo import (
     PreferenceConfig,
     Team,
     collect_offline,
@@ -42,11 +44,9 @@ from baselines.madpo import (
     load_preference_state,
     preference_dir,
 )
-from baselines.metrics import reward_metrics
-from baselines.play import Turn, check_shared_tokenizer
-from baselines.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
-from baselines.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
-from baselines.run import Run, mean_over_agents
+from baselines.rl.critic import critic_inputs, critic_values
+from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
+from baselines.rl.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
 
 LEARNER = "marlhf"
 REWARD_MODEL = "reward_model"
@@ -111,7 +111,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # ----------------------------------------------------------------------------------------- the reward model
 def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The reward model's view of a batch of pairs: 2P rows (winners, then losers), each every agent's
-    prompt then response in env order, left-padded (the layout of :func:`baselines.critic.critic_inputs`).
+    prompt then response in env order, left-padded (the layout of :func:`baselines.rl.critic.critic_inputs`).
 
     >>> p = Pair({"a": torch.tensor([1]), "b": torch.tensor([2])}, {"a": torch.tensor([3]), "b": torch.tensor([4])},
     ...          {"a": torch.tensor([5]), "b": torch.tensor([], dtype=torch.long)}, 0, 1.0)
@@ -130,7 +130,7 @@ def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tu
 
 def reward_scores(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(N,) the reward model's score of each row (float32): its scalar head on the hidden state after the
-    last input token (:func:`baselines.critic.critic_values` of the ``reward_model`` adapter)."""
+    last input token (:func:`baselines.rl.critic.critic_values` of the ``reward_model`` adapter)."""
     return critic_values(policy, ids, mask, adapter=REWARD_MODEL).float()
 
 
@@ -151,7 +151,7 @@ def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequ
                       max_grad_norm: float) -> dict[str, float]:
     """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
     share and the gradients are summed); returns its loss and batch accuracy."""
-    from baselines import distributed
+    from baselines.infra import distributed
 
     optimizer.zero_grad(set_to_none=True)
     total = len(pairs)
@@ -252,7 +252,7 @@ class LearnedRewardVec:
         return np.asarray(actions)
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        from baselines.tensors import strip_left_padding
+        from baselines.rl.tensors import strip_left_padding
 
         before, playing = self._obs, ~self._done
         obs, rewards, terms, truncs, infos = self.venv.step(actions)
@@ -277,7 +277,7 @@ def rl_config(config: Config) -> Any:
     ``<run>/rl``. The KL settings stay the learner's own (PPO's adaptive controller, MAAC's none)."""
     import importlib
 
-    from baselines.config import LearnerConfig
+    from baselines.infra.config import LearnerConfig
 
     learner = importlib.import_module(f"baselines.{config.rl_learner}")
     shared = {f.name for f in dataclasses.fields(LearnerConfig)} - {"kl_in", "output_dir", "run_name"}
@@ -309,7 +309,7 @@ def two_stage(config: Config) -> dict[str, Any]:
     import gc
     import shutil
 
-    from baselines.rng import seed_everything
+    from baselines.infra.rng import seed_everything
 
     # Checkpoints and --resume of the RL stage are the learner's own (in <run>/rl); this stage's output
     # is the reward model, written once.
@@ -481,7 +481,7 @@ def main(config: Config) -> dict[str, Any]:
 
 
 def summary(result: Mapping[str, Any]) -> str:
-    from baselines.magrpo import summary as magrpo_summary
+    from baselines.learners.magrpo import summary as magrpo_summary
 
     return magrpo_summary(result)
 

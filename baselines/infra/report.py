@@ -9,7 +9,7 @@ and can be attached or archived as it is. ``llm-envs train`` writes ``<run>/repo
 of every run.
 
 Inputs, all from the run directory: ``metrics.jsonl`` (curves, eval table), ``samples.jsonl``
-(transcripts; :mod:`baselines.samples`) and the newest checkpoint's ``trainer.json`` (config). A
+(transcripts; :mod:`baselines.infra.samples`) and the newest checkpoint's ``trainer.json`` (config). A
 missing part is said on the page; a run directory with neither metrics nor samples is an error.
 """
 
@@ -78,7 +78,7 @@ summary { cursor: pointer; color: var(--accent); }
 # ----------------------------------------------------------------------------------------- inputs
 def _read_config(run_dir: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """(config, trainer record without config) of the run's newest checkpoint, or (None, {})."""
-    from baselines.checkpoints import CheckpointError, find_checkpoint
+    from baselines.infra.checkpoints import CheckpointError, find_checkpoint
 
     try:
         trainer = json.loads((find_checkpoint(run_dir) / "trainer.json").read_text(encoding="utf-8"))
@@ -103,7 +103,7 @@ def _curves_svg(metrics_path: Path) -> str | None:
     """The learning curves (``plot_metrics``) as inline SVG markup, or None when there is nothing to plot."""
     import matplotlib
 
-    from baselines.plots import plot_metrics
+    from baselines.infra.plots import plot_metrics
 
     # A fixed salt makes the SVG's element ids, and so the whole page, the same for the same run.
     with tempfile.TemporaryDirectory() as tmp, matplotlib.rc_context({"svg.hashsalt": "llm-envs-report"}):
@@ -316,8 +316,8 @@ def _section_training(samples: Sequence[Mapping[str, Any]] | None) -> str:
 # ----------------------------------------------------------------------------------------- main
 def build_report(run_dir: str | os.PathLike[str]) -> str:
     """The report of ``run_dir`` as one HTML document (a string)."""
-    from baselines.metrics import METRICS_FILE, read_metrics
-    from baselines.samples import SAMPLES_FILE, read_samples
+    from baselines.infra.metrics import METRICS_FILE, read_metrics
+    from baselines.infra.samples import SAMPLES_FILE, read_samples
 
     run = Path(run_dir)
     if not run.is_dir():
