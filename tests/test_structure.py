@@ -144,3 +144,21 @@ def test_llm_envs_imports_torch_only_inside_functions():
     }
     assert {k: v for k, v in at_import.items() if v} == {}
 
+
+MOVED = {f"baselines.{path.stem}": f"baselines.{path.parent.name}.{path.stem}"
+         for folder in ("learners", "rl", "infra") for path in sorted((ROOT / "baselines" / folder).glob("[!_]*.py"))}
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
+def test_a_moved_module_still_imports_from_its_old_path_with_a_warning(old, new):
+    """The modules of ``baselines`` moved into ``learners/``, ``rl/`` and ``infra/``; their old paths are
+    shims for one release that say where the module went and give its names."""
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}"):
+        shim = importlib.import_module(old)
+    module = importlib.import_module(new)
+    public = [name for name in vars(module) if not name.startswith("_")]
+    assert public and all(getattr(shim, name) is getattr(module, name) for name in public)
+
