@@ -1,0 +1,296 @@
+"""The page of docs/results.md from the comparisons' records (``bench/results_records.py``): summaries over
+seeds, the figures, the tables and the page's generated sections."""
+
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from results_records import (
+    COMPARISONS,
+    completion_commands,
+    load_records,
+    machine_label,
+    method,
+    missing_records,
+    settings_of,
+)
+
+
+# ------------------------------------------------------------------------------------------ summaries
+def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    """Mean, sample std (0 for one value) and count of the finite values.
+
+    >>> mean_std([1.0, 2.0, 3.0])
+    (2.0, 1.0, 3)
+    """
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, 0
+    mean = sum(finite) / len(finite)
+    if len(finite) == 1:
+        return mean, 0.0, 1
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)), len(finite)
+
+
+def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
+    if n == 0:
+        return "—"
+    return f"{mean:.{digits}f} ± {std:.{digits}f} (n={n})"
+
+
+def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per method: seeds, walls, and mean/std over seeds of the final numbers."""
+    out: dict[str, Any] = {}
+    for m in COMPARISONS[comparison]:
+        mine = sorted((r for r in records if r["method"] == m.name), key=lambda r: r["seed"])
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"label": m.label, "seeds": [r["seed"] for r in mine],
+                                 "wall_s": {str(r["seed"]): r["wall_s"] for r in mine}}
+        if comparison in ("magrpo", "preference"):
+            keys = sorted({k for r in mine for k in r["eval"] if not k.startswith("pass@")})
+            entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
+            entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
+        else:
+            entry["final"] = {
+                model: {k: mean_std([r["final"][model][k] for r in mine]) for k in ("task_reward", "kl", "combined")}
+                for model in m.models
+            }
+            keys = sorted({k for r in mine for k in r["eval"]})
+            entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
+            entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
+        out[m.name] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _band(ax: Any, curves: list[list[float]], color: str, label: str, smoothing: int, style: str = "-") -> None:
+    import numpy as np
+
+    from baselines.infra.plots import smooth
+
+    length = min(len(c) for c in curves)
+    stack = np.array([smooth(c[:length], smoothing) for c in curves])  # (seeds, iterations)
+    x = np.arange(1, length + 1)
+    mean = np.nanmean(stack, axis=0)
+    ax.plot(x, mean, style, color=color, linewidth=2, label=f"{label} (n={len(curves)})")
+    if len(curves) > 1:
+        std = np.nanstd(stack, axis=0, ddof=1)
+        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
+
+
+COLORS = ("tab:grey", "tab:brown", "tab:orange", "tab:purple", "tab:blue", "tab:green", "tab:red")
+
+
+def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Path, smoothing: int,
+                comparison: str = "magrpo") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    colors = dict(zip((m.name for m in COMPARISONS[comparison]), COLORS))
+    # The single writer's format: the delimiter (magrpo) or the tagged sections (the centralised model).
+    share = "reward/delimiter" if comparison == "magrpo" else "reward/sections_found"
+    for m in COMPARISONS[comparison]:
+        mine = [r for r in records if r["method"] == m.name and r["curve"].get("reward/total")]
+        if mine:
+            _band(axes[0], [r["curve"]["reward/total"] for r in mine], colors[m.name], m.label, smoothing)
+            if share in mine[0]["curve"]:
+                _band(axes[2], [r["curve"][share] for r in mine], colors[m.name], m.label, smoothing)
+    axes[0].set_title(f"training batch joint reward (max 3.0), moving average {smoothing}", fontsize=9)
+    axes[0].set_xlabel("iteration")
+    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]" if comparison == "magrpo"
+                      else "centralised model: share of roles with a tagged section", fontsize=9)
+    axes[2].set_xlabel("iteration")
+    axes[2].set_ylim(-0.05, 1.05)
+    names = [n for n in (m.name for m in COMPARISONS[comparison]) if n in summary]
+    for i, name in enumerate(names):
+        untrained = method(comparison, name).learner == "eval"  # before = after: one bar
+        for j, (key, shade) in enumerate((("eval_before", 0.35), ("eval", 1.0))):
+            if untrained and key == "eval_before":
+                continue
+            mean, std, n = summary[name][key].get("total", (math.nan, math.nan, 0))
+            if n:
+                axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std, color=colors[name], alpha=shade, capsize=3)
+    axes[1].set_xticks(range(len(names)), [summary[n]["label"].replace(", ", "\n") for n in names], fontsize=7)
+    axes[1].set_title("eval joint reward before (faint) / after training, mean ± std", fontsize=9)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    if axes[2].lines:
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_cory(records: list[dict[str, Any]], path: Path, smoothing: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    lines = {("ppo", "agent"): ("tab:red", "-"), ("cory", "model_0"): ("tab:blue", "-"),
+             ("cory", "model_1"): ("tab:green", "-"), ("cory-no-swap", "model_0"): ("tab:blue", ":"),
+             ("cory-no-swap", "model_1"): ("tab:green", ":"), ("cory-individual", "model_0"): ("tab:cyan", "--"),
+             ("cory-individual", "model_1"): ("tab:olive", "--")}
+    titles = {"task_reward": "task reward (the model's own VADER sentiment)", "kl": "KL to the base (nats / response)",
+              "kl_coef": "adaptive KL coefficient"}
+    for m in COMPARISONS["cory"]:
+        mine = [r for r in records if r["method"] == m.name]
+        if not mine:
+            continue
+        for model in m.models:
+            color, style = lines[(m.name, model)]
+            for ax, key in zip(axes, titles):
+                curves = [r["curve"][f"agent_{model}/{key}"] for r in mine]
+                _band(ax, curves, color, f"{m.label} {model}" if m.learner == "cory" else m.label, smoothing, style)
+    for ax, title in zip(axes, titles.values()):
+        ax.set_title(f"{title}; band ± std", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    fig.suptitle(f"CORY vs PPO on IMDB (SmolLM2-135M, LoRA); moving average {smoothing}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ the page
+def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
+    """The page's generated section for one comparison (markdown)."""
+    lines: list[str] = []
+    if comparison in ("magrpo", "preference"):
+        components = ("total", "structure", "length", "diversity", "transition", "jaccard",
+                      "delimiter" if comparison == "magrpo" else "sections_found")
+        lines.append("| method | " + " | ".join(f"eval {c}" for c in components) + " | eval total before |")
+        lines.append("|---" * (len(components) + 2) + "|")
+        for entry in summary.values():
+            cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
+            lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {fmt(*entry['eval_before']['total'])} |")
+    else:
+        lines.append("| method | model | task reward (last 5 it.) | KL (last 5 it.) | r - 0.01 KL | eval after |")
+        lines.append("|---|---|---|---|---|---|")
+        for entry in summary.values():
+            for model, values in entry["final"].items():
+                evals = {k: v for k, v in entry["eval"].items() if k.startswith("sentiment") or k == "total"}
+                shown = ", ".join(f"{k} {fmt(*v)}" for k, v in evals.items())
+                lines.append(f"| {entry['label']} | {model} | {fmt(*values['task_reward'])} | {fmt(*values['kl'])} | "
+                             f"{fmt(*values['combined'])} | {shown} |")
+    lines.append("")
+    lines.append("Records (one per method and seed; wall = seconds of that run on the shared 2-core machine):")
+    lines.append("")
+    lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit | machine, dtype |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in sorted(records, key=lambda r: (r["method"], r["seed"])):
+        load = r["load_average_1min"]
+        name = f"{r['method']}__s{r['seed']}"
+        link = f"results/{r.get('reused_from', comparison)}/{name}.json"
+        lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
+                     f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} | "
+                     f"{machine_label(r)} |")
+    missing = missing_records(out, comparison)
+    lines.append("")
+    if missing:
+        lines.append("**Missing records** (" + ", ".join(f"{n}: seeds {s}" for n, s in missing.items())
+                     + "). Complete them with:")
+        lines.append("")
+        lines.append("```bash")
+        lines += completion_commands(comparison, missing)
+        lines.append("python bench/results.py render")
+        lines.append("```")
+    else:
+        lines.append("All records of this comparison exist.")
+    return "\n".join(lines)
+
+
+def short_commit(commit: str | None) -> str:
+    """``abcdef12`` (``+dirty`` when the tree had uncommitted changes to tracked files).
+
+    >>> short_commit("0123456789abcdef+dirty")
+    '01234567+dirty'
+    """
+    if not commit:
+        return ""
+    return commit[:8] + ("+dirty" if commit.endswith("+dirty") else "")
+
+
+MARKER = "<!-- results:{name}:{end} (written by `python bench/results.py render`; edits in between are lost) -->"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """Put ``body`` between the ``name`` markers of ``text`` (the markers must be there)."""
+    begin, end = MARKER.format(name=name, end="begin"), MARKER.format(name=name, end="end")
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
+    if not pattern.search(text):
+        raise ValueError(f"the page has no {name!r} section: add the two marker lines {begin!r} and {end!r}")
+    return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
+
+
+def estimate_missing(out: Path) -> tuple[float, list[str]]:
+    """Seconds the missing records would take at the mean wall of their method's finished records, and
+    the methods (``comparison/method``) with no finished record to estimate from."""
+    total, unknown = 0.0, []
+    for comparison in COMPARISONS:
+        records = load_records(out, comparison)
+        for name, seeds in missing_records(out, comparison).items():
+            walls = [r["wall_s"] for r in records if r["method"] == name]
+            if walls:
+                total += len(seeds) * sum(walls) / len(walls)
+            else:
+                unknown.append(f"{comparison}/{name}")
+    return total, unknown
+
+
+def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
+    """Figures, summary JSON and (when ``page`` is given) the page's generated sections, from the records."""
+    result: dict[str, Any] = {"figures": [], "total_wall_s": 0.0, "records": 0, "missing": {}}
+    sections: dict[str, str] = {}
+    for comparison in COMPARISONS:
+        records = load_records(out, comparison)
+        summary = summarise(comparison, records)
+        result["records"] += len(records)
+        result["total_wall_s"] += sum(r["wall_s"] for r in records)
+        result["missing"][comparison] = missing_records(out, comparison)
+        if records:
+            figure = out / f"{comparison}.png"
+            if comparison in ("magrpo", "preference"):
+                plot_magrpo(records, summary, figure, smoothing, comparison)
+            else:
+                plot_cory(records, figure, smoothing)
+            result["figures"].append(str(figure))
+        (out / f"{comparison}.json").parent.mkdir(parents=True, exist_ok=True)
+        (out / f"{comparison}.json").write_text(json.dumps({"settings": settings_of(comparison, False),
+                                                            "summary": summary}, indent=1) + "\n", encoding="utf-8")
+        sections[comparison] = tables(comparison, summary, records, out)
+    hours = result["total_wall_s"] / 3600
+    estimate, unknown = estimate_missing(out)
+    result["missing_wall_estimate_s"] = estimate
+    text = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s ({hours:.2f} h)**, "
+            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs: several runs at "
+            "once (see each record's load average), and paused for minutes at a time while timing benchmarks ran. "
+            "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
+    if any(result["missing"].values()):
+        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
+                 "the finished records of the same method)")
+        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+    sections["wall"] = text
+    if page is not None:
+        text = page.read_text(encoding="utf-8")
+        for name, body in sections.items():
+            text = replace_section(text, name, body)
+        page.write_text(text, encoding="utf-8")
+        result["page"] = str(page)
+    return result
+

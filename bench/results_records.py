@@ -1,0 +1,459 @@
+"""The records of docs/results.md's comparisons: each comparison's methods and settings, the command
+that runs one method with one seed, and the record that run leaves (``<out>/<comparison>/<method>__s<seed>.json``),
+written, claimed by a sitting, loaded and listed when missing. ``bench/results.py`` is the command line;
+``bench/results_page.py`` turns the records into the page's figures and tables."""
+
+
+import contextlib
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "results.md"
+DEFAULT_SEEDS = (0, 1, 2)
+
+# ------------------------------------------------------------------------------------------ settings
+# Chosen before the comparison ran (docs/results.md): the README demo's settings (which learn within
+# minutes on 2 CPU cores), 20 iterations of B=2 problems x G=4 samples for every method, the same
+# sampled evaluation (training's sampling settings, 32 eval problems, the run's seed) before and after.
+MAGRPO_SETTINGS: dict[str, Any] = {
+    "max-source-words": 60,
+    "num-problems": 2,
+    "num-generations": 4,
+    "max-new-tokens": 48,
+    "num-iterations": 20,
+    "learning-rate": 1e-3,
+    "lora-rank": 8,
+    "lora-alpha": 16.0,
+    "normalize-std": True,
+    "temperature": 0.7,
+    "top-p": 0.9,
+    "top-k": 50,
+    "num-eval-problems": 32,
+    "eval-greedy": False,
+}
+# CORY vs PPO: docs/cory.md's settings, at 40 iterations x 32 episodes (5.3x the 15 x 16 run there);
+# the same adaptive KL controller for every method.
+CORY_SETTINGS: dict[str, Any] = {
+    "num-iterations": 40,
+    "batch-size": 32,
+    "minibatch-size": 32,
+    "num-ppo-epochs": 4,
+    "min-new-tokens": 4,
+    "max-new-tokens": 16,
+    "learning-rate": 5e-4,
+    "lora-rank": 16,
+    "lora-alpha": 32.0,
+    "init-kl-coef": 0.3,
+    "adaptive-kl": True,
+    "kl-target": 6.0,
+    "kl-horizon": 10000,
+    "num-eval-problems": 16,
+}
+# MAGRPO team vs one centralised model vs MADPO (issue #29): MAGRPO_SETTINGS for every method, each
+# method's own flags for what only it has; the same 160 joint samples of training per run (MAGRPO: 20
+# iterations x 2 problems x 4; MADPO: 40 prompts x 4 candidates collected before its 20 updates).
+PREFERENCE_SETTINGS: dict[str, Any] = {k: v for k, v in MAGRPO_SETTINGS.items()
+                                       if k not in ("num-problems", "num-generations", "normalize-std")}
+GROUPS = {"num-problems": 2, "num-generations": 4, "normalize-std": True}
+# --quick: the same methods at tiny sizes (CI smoke tests; a tiny model with --model).
+QUICK = {
+    "magrpo": {"max-source-words": 20, "num-problems": 1, "num-generations": 2, "max-new-tokens": 8,
+               "num-iterations": 2, "num-eval-problems": 2},
+    "preference": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2},
+    "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
+             "max-new-tokens": 4, "num-eval-problems": 2},
+}
+RUN_FLAGS = {"checkpoint-every": 0, "tensorboard": False, "progress": False, "samples-every": 0}
+"""Flags of every training run (not part of the comparison): no checkpoints in between, no TensorBoard."""
+LAST = 5
+"""CORY comparison: final task reward and KL are the means over the last LAST iterations."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method of a comparison: the learner (``magrpo``, ``ppo``, ``cory``; ``eval`` for an untrained
+    policy), its env and the flags it adds to the comparison's settings."""
+
+    name: str
+    learner: str
+    env: str
+    label: str
+    flags: Mapping[str, Any] = field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    """PPO / CORY: the adapters whose per-model metrics (``agent_<model>/...``) form the curves."""
+    token_factor: int = 1
+    """Multiplies the comparison's ``max-new-tokens``: the single agent writes both parts, so it gets twice
+    the pair's tokens per response (the text budget of the two agents together)."""
+    reuse: str | None = None
+    """The comparison whose record of the same method and seed this one is (the same command): it is
+    read from there, never run twice."""
+    quick_flags: Mapping[str, Any] = field(default_factory=dict)
+    """Flags on top of ``flags`` under ``--quick``."""
+
+
+COMPARISONS: dict[str, tuple[Method, ...]] = {
+    "magrpo": (
+        Method("untrained-parallel", "eval", "writing/xsum-v0", "untrained pair, parallel"),
+        Method("untrained-sequential", "eval", "writing/xsum-sequential-v0", "untrained pair, sequential"),
+        Method("single-reference", "magrpo", "writing/xsum-single-v0", "single agent (GRPO), split=reference",
+               token_factor=2),
+        Method("single-strict", "magrpo", "writing/xsum-single-strict-v0", "single agent (GRPO), split=strict",
+               token_factor=2),
+        Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO, parallel"),
+        Method("magrpo-2turn", "magrpo", "writing/xsum-v0", "MAGRPO, 2 turns (env feedback)", {"num-turns": 2}),
+    ),
+    "preference": (
+        Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO team (2 agents)", GROUPS, reuse="magrpo"),
+        Method("centralized", "magrpo", "writing/xsum-v0", "centralised single model (MAGRPO)",
+               {**GROUPS, "centralized": True}, token_factor=2),
+        Method("madpo", "madpo", "writing/xsum-v0", "MADPO (offline, 40 prompts x 4 candidates)",
+               {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 4, "batch-pairs": 8},
+               quick_flags={"num-prompts": 2, "num-candidates": 2}),
+    ),
+    "cory": (
+        Method("ppo", "ppo", "sentiment/imdb-v0", "PPO", models=("agent",)),
+        Method("cory", "cory", "sentiment/imdb-cory-v0", "CORY", {"swap-every": 5}, models=("model_0", "model_1")),
+        Method("cory-no-swap", "cory", "sentiment/imdb-cory-v0", "CORY, no role exchange", {"swap-every": 0},
+               models=("model_0", "model_1")),
+        Method("cory-individual", "cory", "sentiment/imdb-cory-individual-v0", "CORY, individual rewards",
+               {"swap-every": 5}, models=("model_0", "model_1")),
+    ),
+}
+SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
+                "preference": {m.name: DEFAULT_SEEDS for m in COMPARISONS["preference"]},
+                "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
+"""The records the page needs: 3 seeds per method, one seed per CORY ablation."""
+
+
+def method(comparison: str, name: str) -> Method:
+    for m in COMPARISONS[comparison]:
+        if m.name == name:
+            return m
+    names = [m.name for m in COMPARISONS[comparison]]
+    raise ValueError(f"unknown method {name!r} of {comparison!r}; choose from {names}")
+
+
+def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
+    base = dict({"magrpo": MAGRPO_SETTINGS, "preference": PREFERENCE_SETTINGS}.get(comparison, CORY_SETTINGS))
+    if quick:
+        base.update(QUICK[comparison])
+    return base
+
+
+def flags_of(m: Method, comparison: str, quick: bool) -> dict[str, Any]:
+    """The method's flags: the comparison's settings with the method's own on top."""
+    flags = {**settings_of(comparison, quick), **m.flags, **(m.quick_flags if quick else {})}
+    flags["max-new-tokens"] *= m.token_factor
+    return flags
+
+
+def to_argv(flags: Mapping[str, Any]) -> list[str]:
+    """``{"num-turns": 2, "normalize-std": True, "eval-greedy": False, "overwrite": None}`` ->
+    ``["--num-turns", "2", "--normalize-std", "--no-eval-greedy", "--overwrite"]``.
+
+    >>> to_argv({"num-turns": 2, "normalize-std": True, "eval-greedy": False, "overwrite": None})
+    ['--num-turns', '2', '--normalize-std', '--no-eval-greedy', '--overwrite']
+    """
+    argv: list[str] = []
+    for key, value in flags.items():
+        if value is None or value is True:
+            argv.append(f"--{key}")
+        elif value is False:
+            argv.append(f"--no-{key}")
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def command_of(m: Method, comparison: str, seed: int, *, quick: bool, runs_dir: Path, model: str | None,
+               threads: int | None) -> list[str]:
+    """The ``llm-envs`` arguments of one record's run."""
+    flags = flags_of(m, comparison, quick)
+    if m.learner == "eval":
+        # An untrained policy through `llm-envs eval`, with the sampling and eval problems of the trained runs.
+        argv = ["eval", "--env", m.env, "--num-problems", str(flags["num-eval-problems"]), "--sample",
+                "--temperature", str(flags["temperature"]), "--top-p", str(flags["top-p"]),
+                "--top-k", str(flags["top-k"]), "--max-new-tokens", str(flags["max-new-tokens"]),
+                "--max-source-words", str(flags["max-source-words"]), "--seed", str(seed)]
+    else:
+        run = {"env": m.env, "seed": seed, "output-dir": str(runs_dir), "run-name": f"{comparison}__{m.name}__s{seed}"}
+        argv = ["train", m.learner, *to_argv({**run, **flags, **RUN_FLAGS})]
+        if threads is not None:
+            argv += ["--threads", str(threads)]
+    if model is not None:
+        argv += ["--model", model]
+    return argv
+
+
+# ------------------------------------------------------------------------------------------ records
+def record_path(out: Path, comparison: str, name: str, seed: int) -> Path:
+    return out / comparison / f"{name}__s{seed}.json"
+
+
+def git_commit() -> str | None:
+    """The commit checked out when this process started (records keep the code they ran, not a later HEAD)."""
+    if _COMMIT:
+        return _COMMIT[0]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head, dirty = None, ""
+    _COMMIT.append(f"{head}+dirty" if head and dirty else head)
+    return _COMMIT[0]
+
+
+_COMMIT: list[str | None] = []
+
+
+def run_cli(argv: Sequence[str], log: Path) -> tuple[int, str]:
+    """``llm-envs ARGV`` in this process, its stdout and stderr appended to ``log``; (status, stdout)."""
+    from baselines.infra import cli
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write(f"\n$ llm-envs {shlex.join(argv)}\n")
+        fh.flush()
+        captured = _Tee(fh)
+        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(fh):
+            status = cli.main(list(argv))
+    return status, captured.text()
+
+
+class _Tee:
+    """A stdout that writes to a log file and keeps the text."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.parts = fh, []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return self.fh.write(text)
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def curve_of(rows: list[dict[str, float]], keys: Sequence[str]) -> dict[str, list[float]]:
+    """Per-iteration series of ``keys`` (missing values as NaN) from a run's metrics rows."""
+    per_iteration = [r for r in rows if "charts/iteration" in r]
+    out: dict[str, list[float]] = {"iteration": [float(r["charts/iteration"]) for r in per_iteration]}
+    for key in keys:
+        out[key] = [float(r.get(key, math.nan)) for r in per_iteration]
+    return out
+
+
+def eval_of(rows: list[dict[str, float]], first: bool) -> dict[str, float]:
+    evals = [r for r in rows if "eval/total" in r]
+    if not evals:
+        return {}
+    row = evals[0] if first else evals[-1]
+    return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
+
+
+def curve_keys(m: Method, rows: list[dict[str, float]]) -> list[str]:
+    if m.learner in ("magrpo", "madpo", "marlhf"):
+        keys = sorted({k for r in rows for k in r if k.startswith(("reward/", "pref/", "losses/dpo"))})
+        return [*keys, "charts/s_per_iteration"]
+    per_model = ("task_reward", "env_reward", "kl", "kl_coef", "combined", "role")
+    return [f"agent_{model}/{k}" for model in m.models for k in per_model] + ["charts/s_per_iteration"]
+
+
+def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: str, wall_s: float,
+                quick: bool, run_dir: Path | None, load: tuple[float, float], cpu_s: float) -> dict[str, Any]:
+    from baselines.infra.metrics import read_metrics
+
+    record: dict[str, Any] = {
+        "comparison": comparison, "method": m.name, "label": m.label, "seed": seed, "learner": m.learner,
+        "env": m.env, "quick": quick, "command": "llm-envs " + shlex.join(argv),
+        "flags": flags_of(m, comparison, quick), "wall_s": round(wall_s, 1), "cpu_s": round(cpu_s, 1),
+        "load_average_1min": {"start": load[0], "end": load[1]}, "commit": git_commit(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": run_machine(argv),
+    }
+    if m.learner == "eval":
+        result = json.loads(stdout[stdout.index("{"):])  # `llm-envs eval` prints one JSON object
+        record["eval"] = {k.removeprefix("eval/"): v for k, v in result.items() if k.startswith("eval/")}
+        record["eval_before"] = record["eval"]
+        record["curve"] = {}
+        return record
+    assert run_dir is not None
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    record["run_dir"] = str(run_dir)
+    record["curve"] = curve_of(rows, curve_keys(m, rows))
+    record["eval_before"] = eval_of(rows, first=True)
+    record["eval"] = eval_of(rows, first=False)
+    if m.models:
+        record["final"] = {
+            model: {k: _mean(record["curve"][f"agent_{model}/{k}"][-LAST:]) for k in ("task_reward", "kl", "combined")}
+            for model in m.models
+        }
+    return record
+
+
+def run_machine(argv: Sequence[str]) -> dict[str, Any]:
+    """The CPU, its ISA flags, any kernel restriction and the dtype a record's run used (``auto``: what
+    ``resolve_dtype`` picks here), with the run's own ``--threads``: results move with the kernels."""
+    from agents.models import machine_description
+
+    machine = machine_description(argv[argv.index("--dtype") + 1] if "--dtype" in argv else "auto")
+    if "--threads" in argv:
+        machine["threads"] = int(argv[argv.index("--threads") + 1])
+    return machine
+
+
+def machine_label(record: Mapping[str, Any]) -> str:
+    """``CPU model (isa flags), dtype`` of a record, or ``—`` for records written before runs named it."""
+    machine = record.get("machine")
+    if not machine:
+        return "—"
+    return f"{machine['cpu']} ({' '.join(machine['isa'])}), {machine['dtype']}"
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str] | None, quick: bool, out: Path,
+                runs_dir: Path, model: str | None, threads: int | None) -> dict[str, Any]:
+    """Run every missing record of ``comparison`` for ``seeds`` (and ``methods``, default all), writing
+    each as it finishes; returns what was done."""
+    chosen = [method(comparison, n) for n in methods] if methods else list(COMPARISONS[comparison])
+    git_commit()  # the code this process runs
+    done, skipped, failed = [], [], []
+    for seed in seeds:
+        for m in chosen:
+            path = record_path(out, m.reuse or comparison, m.name, seed)
+            if path.is_file():
+                skipped.append(path.name)
+                continue
+            with claimed(path) as mine:
+                if not mine:  # another sitting runs it now: leave its run directory alone
+                    skipped.append(f"{path.name} (running in process {running_pid(path)})")
+                    continue
+                outcome = _run_record(m.reuse or comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
+                                      threads=threads)
+            if "status" in outcome:
+                failed.append(outcome)
+            else:
+                done.append(outcome)
+                print(json.dumps(outcome), flush=True)
+    return {"comparison": comparison, "done": done, "skipped": skipped, "failed": failed}
+
+
+def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: bool, runs_dir: Path,
+                model: str | None, threads: int | None) -> dict[str, Any]:
+    """Run one record's command and write the record; ``{"record", "status"}`` if the run failed."""
+    argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
+    run_dir = None if m.learner == "eval" else runs_dir / f"{comparison}__{m.name}__s{seed}"
+    if run_dir is not None and run_dir.exists():
+        shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
+    load_start = os.getloadavg()[0]
+    t0, c0 = time.perf_counter(), time.process_time()
+    status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if status != 0:
+        return {"record": path.name, "status": status}
+    record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
+                         (load_start, os.getloadavg()[0]), cpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
+
+
+def running_pid(record: Path) -> int | None:
+    """The pid in ``record``'s ``.running`` marker, if it names a live process other than this one."""
+    try:
+        pid = int(record.with_suffix(".running").read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+    if pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # alive, someone else's
+    return pid
+
+
+@contextlib.contextmanager
+def claimed(record: Path) -> Iterator[bool]:
+    """Hold ``record`` while it runs: ``<record>.running`` names this process, so a second ``run``
+    (another sitting, in parallel) skips the record instead of starting it again and wiping this run's
+    directory. A marker whose process is gone is taken over. Yields whether this process holds it."""
+    marker = record.with_suffix(".running")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if running_pid(record) is not None:
+                yield False
+                return
+            marker.unlink(missing_ok=True)  # left by a process that died
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()}\n")
+        try:
+            yield True
+        finally:
+            marker.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def load_records(out: Path, comparison: str) -> list[dict[str, Any]]:
+    folder = out / comparison
+    paths = sorted(folder.glob("*__s*.json")) if folder.is_dir() else []
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    records = [r for r in records if r.get("comparison") == comparison]
+    for m in COMPARISONS.get(comparison, ()):
+        if m.reuse:  # the same runs as another comparison's: read from there
+            records += [{**r, "comparison": comparison, "label": m.label, "reused_from": m.reuse}
+                        for r in load_records(out, m.reuse) if r["method"] == m.name]
+    return records
+
+
+def missing_records(out: Path, comparison: str, quick: bool = False) -> dict[str, list[int]]:
+    """Method -> seeds whose record the page still needs."""
+    wanted = {m: (0,) for m in SEEDS_WANTED[comparison]} if quick else SEEDS_WANTED[comparison]
+    return {
+        name: missing
+        for name, seeds in wanted.items()
+        if (missing := [s for s in seeds
+                        if not record_path(out, method(comparison, name).reuse or comparison, name, s).is_file()])
+    }
+
+
+def completion_commands(comparison: str, missing: Mapping[str, list[int]]) -> list[str]:
+    """One command per distinct seed list that completes the missing records."""
+    by_seeds: dict[tuple[int, ...], list[str]] = {}
+    for name, seeds in missing.items():
+        by_seeds.setdefault(tuple(seeds), []).append(name)
+    return [
+        f"python bench/results.py run {comparison} --seeds {' '.join(map(str, seeds))} --methods {' '.join(names)}"
+        for seeds, names in by_seeds.items()
+    ]
+
+
