@@ -2,7 +2,9 @@
 into responses, resolving a turn into rewards and feedback, infos, the transcript and rendering.
 
 The protocol classes (:mod:`llm_envs.core.parallel`, :mod:`llm_envs.core.sequential`) only decide
-who acts when and who sees what.
+who acts when and who sees what. Two parts of the env live in files of their own and are
+mixed into :class:`LLMEnvCore`: the agents' tokenizers (:mod:`llm_envs.core.agent_tokens`) and the
+transcript (:mod:`llm_envs.core.transcript`).
 
 Step units and observation formats
 ----------------------------------
@@ -59,6 +61,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from llm_envs.core.agent_tokens import AgentTokenizers, _short
+from llm_envs.core.agent_tokens import MixedTokenizersError as MixedTokenizersError
 from llm_envs.core.task import (
     SPLITS,
     Context,
@@ -68,6 +72,7 @@ from llm_envs.core.task import (
     Task,
     TurnRecord,
 )
+from llm_envs.core.transcript import Transcript
 from llm_envs.tokenizers import TokenizerHandle
 
 RENDER_MODES = ("ansi", "human")
@@ -110,61 +115,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _check_stop_ids(ids: Any, vocab_size: int, name: str = "stop_token_ids") -> list[int]:
-    if ids is None:
-        return []
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, set, frozenset, np.ndarray)):
-        raise ValueError(f"{name} must be a sequence of token ids, got {ids!r}.")
-    out = []
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab_size:
-            raise ValueError(f"{name} must hold token ids in [0, {vocab_size - 1}], got {t!r} in {ids!r}.")
-        out.append(int(t))
-    return out
-
-
-def _check_agent_keys(name: str, mapping: Mapping[Any, Any], agents: Sequence[str], every: bool) -> None:
-    """A per-agent mapping must use the env's agent names (all of them when ``every``)."""
-    unknown = [k for k in mapping if k not in agents]
-    missing = [a for a in agents if a not in mapping] if every else []
-    if unknown or missing:
-        need = "exactly" if every else "only"
-        raise ValueError(
-            f"{name} as a mapping must name {need} the env's agents {list(agents)}; got unknown {unknown}"
-            + (f", missing {missing}" if every else "") + "."
-        )
-
-
-class MixedTokenizersError(RuntimeError):
-    """Asked an env whose agents have different tokenizers for the one tokenizer (or vocabulary size,
-    pad id, ...) of all its agents: ask per agent instead (``env.tokenizer_of(agent)``, ...)."""
-
-
-class AgentTokens:
-    """One agent's tokenizer and what the env derives from it: vocabulary size V, pad id, stop ids
-    (EOS, pad and any extra ``stop_token_ids``) and whether its prompts get the chat template. Agents
-    with the same tokenizer and stop ids share one object."""
-
-    def __init__(self, handle: TokenizerHandle, pad_token_id: int, stop_token_ids: frozenset[int],
-                 chat_template: bool, token_mode: bool) -> None:
-        self.handle = handle
-        self.vocab_size = len(handle.tokenizer)
-        self.pad_token_id = pad_token_id
-        self.stop_token_ids = stop_token_ids
-        self.chat_template = chat_template
-        if token_mode:
-            self.mask_open = np.ones(self.vocab_size, np.int8)
-            self.mask_wait = np.zeros(self.vocab_size, np.int8)
-            self.mask_wait[pad_token_id] = 1
-            for arr in (self.mask_open, self.mask_wait):
-                arr.flags.writeable = False
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.handle.tokenizer
-
-
-class LLMEnvCore:
+class LLMEnvCore(AgentTokenizers, Transcript):
     """Mixin with the state and mechanics common to the parallel and sequential envs.
 
     Args:
@@ -310,69 +261,6 @@ class LLMEnvCore:
         self._np_random: np.random.Generator | None = None
         self._np_random_seed: int | None = None
 
-    def _resolve_tokenizers(
-        self, tokenizer: Any, stop_token_ids: Any, chat_template: bool | None, token_mode: bool
-    ) -> dict[str, AgentTokens]:
-        """Each agent's :class:`AgentTokens`, from one tokenizer spec or a mapping agent -> spec. Every
-        key and value is checked before the env keeps anything."""
-        agents = self.possible_agents
-        team = isinstance(tokenizer, Mapping)
-        if team:
-            _check_agent_keys("tokenizer", tokenizer, agents, every=True)
-        if isinstance(stop_token_ids, Mapping):
-            _check_agent_keys("stop_token_ids", stop_token_ids, agents, every=False)
-        handles: dict[str, TokenizerHandle] = {}
-        if team:
-            by_object: dict[int, TokenizerHandle] = {}
-            for agent in agents:
-                try:
-                    handle = TokenizerHandle(tokenizer[agent])
-                except OSError as err:
-                    raise OSError(f"The tokenizer of agent {agent!r}: {err}") from err
-                # Agents given the same tokenizer (object, or name through the process cache) share it.
-                handles[agent] = by_object.setdefault(id(handle.tokenizer), handle)
-        else:
-            handles = dict.fromkeys(agents, TokenizerHandle(tokenizer))
-        mixed = len({id(h) for h in handles.values()}) > 1
-        if mixed and stop_token_ids is not None and not isinstance(stop_token_ids, Mapping):
-            raise ValueError(
-                f"The agents of this env have different tokenizers, so stop_token_ids must be a mapping "
-                f"{{agent: token ids}} (agents {agents}), got {_short(stop_token_ids)}."
-            )
-        records: dict[str, AgentTokens] = {}
-        shared_records: dict[tuple[int, frozenset[int]], AgentTokens] = {}
-        for agent in agents:
-            handle = handles[agent]
-            tok = handle.tokenizer
-            whose = f"The tokenizer of agent {agent!r}" if mixed else "The tokenizer"
-            eos, pad = tok.eos_token_id, tok.pad_token_id
-            if pad is None:
-                pad = eos
-            if pad is None:
-                raise ValueError(
-                    f"{whose} has neither a pad nor an EOS token; set "
-                    f"{'its' if mixed else 'tokenizer.'}pad_token before making the env."
-                )
-            if isinstance(stop_token_ids, Mapping):
-                extra = _check_stop_ids(stop_token_ids.get(agent), len(tok), f"stop_token_ids[{agent!r}]")
-            else:
-                extra = _check_stop_ids(stop_token_ids, len(tok))
-            stops = frozenset([int(t) for t in (eos, pad) if t is not None] + extra)
-            has_template = bool(getattr(tok, "chat_template", None))
-            if chat_template and not has_template:
-                if mixed:
-                    raise ValueError(
-                        f"chat_template=True but the tokenizer of agent {agent!r} has no chat template; leave "
-                        "chat_template unset to apply each agent's template where its tokenizer has one."
-                    )
-                raise ValueError("chat_template=True but the tokenizer has no chat template.")
-            wanted = self.task.use_chat_template if chat_template is None else chat_template
-            key = (id(handle), stops)
-            if key not in shared_records:
-                shared_records[key] = AgentTokens(handle, int(pad), stops, bool(wanted and has_template), token_mode)
-            records[agent] = shared_records[key]
-        return records
-
     def _build_spaces(self, V: int) -> tuple[spaces.Space, spaces.Space]:
         """(observation space, action space) of an agent whose vocabulary has V tokens."""
         T, L = self.max_new_tokens, self.obs_length
@@ -391,95 +279,6 @@ class LLMEnvCore:
             obs_space = spaces.Dict(parts)
         act_space: spaces.Space = spaces.Discrete(V) if token_mode else spaces.Box(0, V - 1, (T,), np.int64)
         return obs_space, act_space
-
-    # ----------------------------------------------------------------------------------- tokenizer
-    @property
-    def tokenizer(self) -> Any:
-        """The tokenizer this env encodes prompts and decodes actions with (read-only): the same object
-        the env uses, so ``env.tokenizer.decode(obs["observation"][mask == 1])`` is the prompt as text
-        and ``env.tokenizer(text, add_special_tokens=False)["input_ids"]`` is a response as token ids.
-        Copies of an env (``copy.deepcopy``, vector envs) share it. When the agents have different
-        tokenizers there is no one tokenizer: this raises :class:`MixedTokenizersError`; use
-        :meth:`tokenizer_of` or :attr:`tokenizers`."""
-        if self._tok is None:
-            raise MixedTokenizersError(
-                f"The agents of env {self.env_id} have different tokenizers "
-                f"({self._describe_tokenizers()}): use env.tokenizer_of(agent) or env.tokenizers."
-            )
-        return self._tok.tokenizer
-
-    @property
-    def tokenizers(self) -> dict[str, Any]:
-        """Each agent's tokenizer, ``{agent: tokenizer}`` (a new dict; the objects are the env's own)."""
-        return {a: r.handle.tokenizer for a, r in self._agent_tokens.items()}
-
-    @property
-    def mixed_tokenizers(self) -> bool:
-        """Whether the agents have different tokenizers (then :attr:`tokenizer`, :attr:`vocab_size`, ...
-        may raise :class:`MixedTokenizersError`: ask per agent)."""
-        return self._tok is None
-
-    def tokenizer_of(self, agent: str) -> Any:
-        """The tokenizer ``agent``'s observations are encoded with and its actions decoded with."""
-        self._check_agent_name(agent)
-        return self._agent_tokens[agent].handle.tokenizer
-
-    def vocab_size_of(self, agent: str) -> int:
-        """V of ``agent``: its observations' ids and its actions lie in ``[0, V-1]``."""
-        self._check_agent_name(agent)
-        return self._agent_tokens[agent].vocab_size
-
-    def pad_token_id_of(self, agent: str) -> int:
-        """The id ``agent``'s observations are left-padded with (its tokenizer's pad id, else EOS)."""
-        self._check_agent_name(agent)
-        return self._agent_tokens[agent].pad_token_id
-
-    def stop_token_ids_of(self, agent: str) -> frozenset[int]:
-        """The ids that end ``agent``'s response: its tokenizer's EOS and pad, and its ``stop_token_ids``."""
-        self._check_agent_name(agent)
-        return self._agent_tokens[agent].stop_token_ids
-
-    def chat_template_of(self, agent: str) -> bool:
-        """Whether ``agent``'s prompts are rendered with its tokenizer's chat template."""
-        self._check_agent_name(agent)
-        return self._agent_tokens[agent].chat_template
-
-    @property
-    def vocab_size(self) -> int:
-        """V, when every agent has the same (else :class:`MixedTokenizersError`: see :meth:`vocab_size_of`)."""
-        return self._shared_value("vocab_size")
-
-    @property
-    def pad_token_id(self) -> int:
-        """The pad id, when every agent has the same (else see :meth:`pad_token_id_of`)."""
-        return self._shared_value("pad_token_id")
-
-    @property
-    def stop_token_ids(self) -> frozenset[int]:
-        """The stop ids, when every agent has the same (else see :meth:`stop_token_ids_of`)."""
-        return self._shared_value("stop_token_ids")
-
-    @property
-    def chat_template(self) -> bool:
-        """Whether prompts get the chat template, when that holds for every agent (else see
-        :meth:`chat_template_of`)."""
-        return self._shared_value("chat_template")
-
-    def _shared_value(self, name: str) -> Any:
-        try:
-            return self._shared[name]
-        except KeyError:
-            per_agent = {a: getattr(r, name) for a, r in self._agent_tokens.items()}
-            raise MixedTokenizersError(
-                f"The agents of env {self.env_id} have different tokenizers, and their {name} differs "
-                f"({_short(per_agent, 200)}): use env.{name}_of(agent)."
-            ) from None
-
-    def _describe_tokenizers(self) -> str:
-        return ", ".join(
-            f"{a}: {r.handle.spec or type(r.handle.tokenizer).__name__} (V={r.vocab_size})"
-            for a, r in self._agent_tokens.items()
-        )
 
     # ----------------------------------------------------------------------------------- spaces
     def observation_space(self, agent: str) -> spaces.Space:
@@ -944,72 +743,6 @@ class LLMEnvCore:
         for role in roles:
             self._transcript.append(("prompt", role, self._observe_role(role)[4]))
 
-    # ------------------------------------------------------------------------------ rendering
-    def transcript(self) -> str:
-        """The episode so far as text: prompts, responses, rewards and feedback, turn by turn."""
-        lines = [f"=== {self.env_id} | split={self._split} task_index={self._task_index} ==="]
-        turn = 0
-        for kind, role, text in self._transcript:
-            if kind == "prompt":
-                lines.append(f"--- prompt [{role}] ---\n{text}")
-            elif kind == "response":
-                lines.append(f"--- response [{role}] ---\n{text}")
-            elif kind == "reward":
-                lines.append(f"--- reward: {text}")
-                if turn < len(self._history):
-                    outputs = {r: o.text for r, o in self._history[turn].outputs.items()}
-                    board = self.task.render_turn(self._problem, outputs)
-                    if board:
-                        lines.append(f"--- board ---\n{board}")
-                turn += 1
-            else:  # feedback, and any other kind of entry a subclass adds (a centralised env's sections)
-                lines.append(f"--- {kind} [{role}] ---\n{text}")
-        return "\n".join(lines)
-
-    def transcript_turns(self) -> list[dict[str, Any]]:
-        """The episode so far as data, one dict per turn (what :meth:`transcript` prints): ``prompts``
-        ({role: prompt text as tokenized}), ``responses`` ({role: text}), ``reward`` (the joint one),
-        ``components``, ``agent_rewards`` ({role: reward}) and ``feedback`` ({role: text}). A turn still
-        in progress has its prompts so far, ``reward`` None and the rest empty."""
-        turns: list[dict[str, Any]] = []
-        prompts: dict[str, str] = {}
-        for kind, role, text in self._transcript:
-            if kind == "prompt":
-                prompts[role] = text
-            elif kind == "reward":
-                record = self._history[len(turns)]
-                turns.append(
-                    {
-                        "prompts": prompts,
-                        "responses": {r: record.outputs[r].text for r in self.possible_agents},
-                        "reward": record.reward,
-                        "components": dict(record.components),
-                        "agent_rewards": dict(record.agent_rewards),
-                        "feedback": dict(record.feedback),
-                    }
-                )
-                prompts = {}
-        if prompts:
-            turns.append(
-                {"prompts": prompts, "responses": {}, "reward": None, "components": {}, "agent_rewards": {},
-                 "feedback": {}}
-            )
-        return turns
-
-    def render(self) -> str | None:
-        if self.render_mode is None:
-            gymnasium.logger.warn(
-                "You are calling render() without a render_mode; make the env with render_mode='ansi' or 'human'."
-            )
-            return None
-        if not self._started:
-            return "" if self.render_mode == "ansi" else None
-        text = self.transcript()
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
-
     def close(self) -> None:
         """Nothing to release: the env holds no pools, files or models."""
 
@@ -1029,11 +762,6 @@ def _copy_space(space: spaces.Space) -> spaces.Space:
     import copy
 
     return copy.deepcopy(space)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 StepUnit = Literal["response", "token"]
