@@ -318,18 +318,19 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path, aggr
     a, b = adapter_state(full.run_dir()), adapter_state(micro.run_dir())
     # The two sums of gradients differ in their last bits (float32 accumulation in other orders; on CUDA a
     # matmul's kernel, so its rounding, depends on its row count too). Adam divides each gradient by its own
-    # size: an element whose summed gradient cancels to about its rounding noise gets a step anywhere in
-    # [-lr, lr] from either run. Measured: 2-11 of 128-256 elements of a matrix apart, by at most 1.3e-4 at
-    # lr 1e-3 (2-core EPYC and an H100 alike). A wrong micro-batch weighting turns the update's direction,
-    # which moves most elements by O(lr) (and the logged losses below); a few elements apart by up to lr/4 is
-    # rounding.
-    lr = common["learning_rate"]
+    # size: an element whose summed gradient cancels to about its rounding noise gets a step of any sign, up
+    # to ~lr, from either run, at each of the epochs. Measured: 1-11 of 128-256 elements of a matrix apart,
+    # by 8e-5 to 1.6e-3 at lr 1e-3 (2-core EPYC, an H100; which elements cancel moves with the samples). A
+    # wrong micro-batch weighting turns the update's direction, which moves most elements by O(lr), and the
+    # logged losses below: at most a tenth of a matrix's elements apart by more than lr/10 (measured: up to
+    # 3%, in the keys' adapters, whose gradients are the smallest), by at most 2 lr an epoch, is rounding.
+    lr, epochs = common["learning_rate"], common["num_epochs"]
     changed = 0
     for agent in a:
         for key in a[agent]:
-            torch.testing.assert_close(a[agent][key], b[agent][key], rtol=1e-4, atol=lr / 4)
-            apart = ((a[agent][key] - b[agent][key]).abs() > 1e-6 + 1e-4 * b[agent][key].abs()).float().mean()
-            assert float(apart) <= 0.2, (agent, key, float(apart))
+            torch.testing.assert_close(a[agent][key], b[agent][key], rtol=1e-4, atol=2 * lr * epochs)
+            apart = ((a[agent][key] - b[agent][key]).abs() > lr / 10).float().mean()
+            assert float(apart) <= 0.1, (agent, key, float(apart))
             changed += int(a[agent][key].abs().sum() > 0)
     assert changed > 0
     for key in ("agent_brief/pg_loss", "agent_brief/kl", "agent_detailed/loss", "agent_detailed/clip_fraction"):
