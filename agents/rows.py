@@ -24,6 +24,8 @@ def check_rows(
         raise ValueError(
             f"{what}_mask shape {tuple(mask_t.shape)} differs from {what}_ids shape {tuple(ids_t.shape)}"
         )
+    if mask_t.numel() and mask_t.shape[1] and not _suspect(ids_t, mask_t, what, vocab_size):
+        return ids_t, mask_t  # one wait for the device; the checks below find what is wrong, and say it
     if mask_t.numel():
         if ((mask_t != 0) & (mask_t != 1)).any():
             raise ValueError(f"{what}_mask must hold only 0 and 1, got values {mask_t.unique().tolist()}")
@@ -47,6 +49,14 @@ def check_rows(
             f"response row {row} is not right-padded (mask must be 1s then 0s), got {mask_t[row].tolist()}"
         )
     return ids_t, mask_t
+
+
+def _suspect(ids: torch.Tensor, mask: torch.Tensor, what: str, vocab_size: int) -> bool:
+    """Whether any of :func:`check_rows`' checks can fail, as one reduction read once: on a GPU each
+    check read on its own would wait for the device (four times a call, in every micro-batch)."""
+    steps = mask.diff(dim=1)
+    layout = (steps < 0).any() | (mask[:, -1] == 0).any() if what == "prompt" else (steps > 0).any()
+    return bool(((mask != 0) & (mask != 1)).any() | (ids < 0).any() | (ids >= vocab_size).any() | layout)
 
 
 def to_tensor(value: Any, what: str) -> torch.Tensor:
