@@ -19,10 +19,10 @@ import torch
 
 from agents import LoraSettings, MultiAgentPolicy
 from agents.models import SHAPES, device_description, machine_description, resolve_device, shaped_model
-from baselines.magrpo import Config
-from baselines.play import rollout
-from baselines.policy_gradient import discounted_returns, group_advantages, update_agent
-from baselines.rng import seed_everything
+from baselines.infra.play import rollout
+from baselines.infra.rng import seed_everything
+from baselines.learners.magrpo import Config
+from baselines.rl.policy_gradient import discounted_returns, group_advantages, update_agent
 from llm_envs.core.vector import VectorEnv
 
 
