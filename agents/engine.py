@@ -194,7 +194,10 @@ class RolloutEngine(FusedDecoder):
         pre_blocks = [Block(b.adapter, c) for b, c in zip(blocks, pre_counts) if c > 0]
 
         width = ids.shape[1]
-        total = width + max_new_tokens
+        mode = self._decode_mode(device, static_ok=kinds is None and not penalised)
+        # The dynamic loop decodes into the prefill's caches; the static step copies their prompt columns
+        # into its own buffers, so for it they need no room for new tokens.
+        total = width + max_new_tokens if mode == "dynamic" else width
         shape = (len(pre_ids), self.num_kv_heads, total, self.head_dim)
         layers = self.causal_lm.model.layers
         pre_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -216,7 +219,6 @@ class RolloutEngine(FusedDecoder):
         if seeds is not None and len(seeds) != n:
             raise ValueError(f"got {len(seeds)} seeds for {n} sample rows")
         keys = row_keys(seeds, n, device)  # (N, 2): each row's random numbers are a function of (key, step, token)
-        mode = self._decode_mode(device, static_ok=kinds is None and not penalised)
         if mode != "dynamic":
             static = self._static_decoder(
                 mode, n, width + max_new_tokens, [r for r, c in zip(row_blocks, pre_counts) if c > 0], loras,
