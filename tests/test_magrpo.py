@@ -479,3 +479,31 @@ def test_checkpoint_of_an_older_version_resumes_when_new_settings_are_at_their_d
     with pytest.raises(CheckpointError, match=r"kl_in: checkpoint '<missing>', now 'reward'"):
         magrpo.main(dataclasses.replace(resume, kl_in="reward"))
     assert magrpo.main(resume)["charts/iteration"] == 2
+
+
+def test_validation_problems_are_held_out_of_training_and_scored_at_the_end(tiny_model_dir, tmp_path):
+    # XSum's train split has 900 articles: holding out 899 leaves article 0 alone for training.
+    config = tiny_config(tiny_model_dir, tmp_path, num_iterations=2, num_validation_problems=899, samples_every=1)
+    result = magrpo.main(config)
+    records = [json.loads(line) for line in (config.run_dir() / "samples.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and {r["task_index"] for r in train} == {0}
+    assert all(r["split"] == "eval" for r in records if r["kind"] == "eval")  # transcripts: the eval split only
+    assert math.isfinite(result["val/total"]) and "eval/total" in result and "val/structure" in result
+    last = read_metrics(config.run_dir() / "metrics.jsonl")[-1]
+    assert last["val/total"] == result["val/total"] and "eval/total" in last
+    with pytest.raises(ValueError, match="must leave training problems"):
+        magrpo.main(tiny_config(tiny_model_dir, tmp_path, run_name="all", num_validation_problems=900))
+
+
+def test_metrics_file_is_strict_json_with_nan_as_null(tmp_path):
+    from baselines.infra.metrics import MetricLogger
+
+    logger = MetricLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"losses/a": float("nan"), "pref/b": float("inf"), "eval/total": 0.5})
+    logger.close()
+    line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in {line}")) == {
+        "step": 1, "losses/a": None, "pref/b": None, "eval/total": 0.5}
+    row = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert math.isnan(row["losses/a"]) and math.isnan(row["pref/b"]) and row["eval/total"] == 0.5

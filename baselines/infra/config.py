@@ -254,6 +254,10 @@ class CoreConfig:
     # ---------------------------------------------------------------------------------- evaluation
     num_eval_problems: int = 8
     """Eval-split problems per evaluation (0 disables evaluation)."""
+    num_validation_problems: int = 0
+    """Hold out the last N problems of the train split: training never draws them, and the run scores
+    the trained policy on them at the end (``val/*``, with the evaluation's sampling and seed), the split
+    to choose settings (a learning rate) on without looking at the eval split. 0: none held out."""
 
     # ---------------------------------------------------------------------------------- run
     output_dir: str = "runs"
@@ -295,7 +299,8 @@ class CoreConfig:
 
     def __post_init__(self) -> None:
         check_ints(self, {"num_turns": 1, "num_iterations": 1, "max_new_tokens": 1, "lora_rank": 1,
-                          "expert_max_new_tokens": 1, "top_k": 0, "num_eval_problems": 0})
+                          "expert_max_new_tokens": 1, "top_k": 0, "num_eval_problems": 0,
+                          "num_validation_problems": 0})
         check_ranges(self, {
             "temperature": (self.temperature > 0, "> 0"),
             "top_p": (0 < self.top_p <= 1, "in (0, 1]"),

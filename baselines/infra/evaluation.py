@@ -34,12 +34,15 @@ def evaluate(
     ks: Sequence[int] = (1,),
     seed: int = 0,
     split: str = "eval",
+    first: int = 0,
+    prefix: str = "eval",
     env_kwargs: Mapping[str, Any] | None = None,
     adapters: Mapping[str, str] | None = None,
     episodes: list[dict[str, Any]] | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Roll the policy on the first ``num_problems`` problems of ``split``, ``num_samples`` episodes
+    """Roll the policy on ``num_problems`` problems of ``split`` from index ``first`` on
+    (negative: counted from the split's end, ``-num_problems`` = its last ``num_problems``), ``num_samples`` episodes
     each, through the env (one batch of problems x samples; sequential envs role by role). Returns
     ``eval/total``, ``eval/<component>`` (means of the last turn's values), ``eval/return`` (sum over
     turns) and, when a component says whether a sample solved its problem (``tests`` on coding envs,
@@ -52,7 +55,9 @@ def evaluate(
 
     ``sampling``: policy agent -> its own ``agents.Sampling`` (max new tokens, stop strings,
     temperature/top-p/top-k, greedy), replacing the keywords above for the agents it names (a team
-    whose agents sample differently; :meth:`baselines.infra.config.LearnerConfig.eval_sampling`)."""
+    whose agents sample differently; :meth:`baselines.infra.config.LearnerConfig.eval_sampling`).
+
+    ``prefix`` names the metrics (``val``: ``val/total``, ... for a validation slice of the train split)."""
     kwargs = dict(env_kwargs or {})
     kwargs["max_new_tokens"] = max_new_tokens
     # The env ends a response where the policy stopped generating it (every EOS id of the model).
@@ -60,12 +65,15 @@ def evaluate(
         kwargs["stop_token_ids"] = list(policy.eos_token_ids)
     venv = make_vec(env_id, num_problems * num_samples, **kwargs)
     total_problems = len(venv.envs[0].task.problems(split))
-    if not 1 <= num_problems <= total_problems:
+    if first < 0:
+        first += total_problems
+    if not (0 <= first < total_problems and 1 <= num_problems <= total_problems - first):
         raise ValueError(
-            f"num_problems must be in [1, {total_problems}] for split {split!r} of {env_id}, got {num_problems!r}"
+            f"num_problems must be in [1, {total_problems - first}] for split {split!r} of {env_id} from problem "
+            f"{first} on, got {num_problems!r}"
         )
     components = list(venv.envs[0].task.reward_components)
-    options = [{"task_index": i, "split": split} for i in range(num_problems) for _ in range(num_samples)]
+    options = [{"task_index": first + i, "split": split} for i in range(num_problems) for _ in range(num_samples)]
     was_training = policy.training
     policy.eval()
     with seeded(seed), torch.no_grad():
@@ -84,12 +92,14 @@ def evaluate(
             sampling=sampling,
         )
     policy.train(was_training)
-    first = venv.possible_agents[0]
-    info = infos[first]
-    out = {"eval/total": float(np.mean(info["reward_total"])), "eval/return": float(returns[first].mean())}
+    lead = venv.possible_agents[0]
+    info = infos[lead]
+    out = {"eval/total": float(np.mean(info["reward_total"])), "eval/return": float(returns[lead].mean())}
     for c in components:
         out[f"eval/{c}"] = float(np.mean(info[f"reward_{c}"]))
     out.update(pass_metrics(info, components, num_problems, num_samples, ks))
+    if prefix != "eval":
+        out = {f"{prefix}/{k.split('/', 1)[1]}": v for k, v in out.items()}
     if episodes is not None:
         seeds = [seed + i for i in range(len(options))]
         episodes.extend(episode_records(venv.envs, seeds=seeds, options=options, models=adapters))

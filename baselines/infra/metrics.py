@@ -2,13 +2,18 @@
 W&B (optional, imported only when asked); ``--resume`` truncates the lines logged after the checkpoint.
 
 Every metric name starts with one of :data:`METRIC_PREFIXES`: ``charts/`` (timing, sizes),
-``losses/``, ``reward/<component>`` (the env's), ``eval/``, ``agent_<name>/`` (per agent or model) and
-``pref/`` (the preference learners' pairs, margins and accuracies).
+``losses/``, ``reward/<component>`` (the env's), ``eval/``, ``val/`` (the held-out train problems,
+``--num-validation-problems``), ``agent_<name>/`` (per agent or model) and ``pref/`` (the preference
+learners' pairs, margins and accuracies).
+
+The JSONL is strict JSON: a value that is not finite (a diverged loss) is written as ``null``, never as
+``NaN`` or ``Infinity``, which strict readers refuse; :func:`read_metrics` gives it back as ``nan``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
@@ -18,7 +23,7 @@ from typing import Any
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
-METRIC_PREFIXES = ("charts/", "losses/", "reward/", "eval/", "agent_", "pref/")
+METRIC_PREFIXES = ("charts/", "losses/", "reward/", "eval/", "val/", "agent_", "pref/")
 """Every logged metric name starts with one of these."""
 
 
@@ -90,7 +95,8 @@ class MetricLogger:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         check_metric_names(metrics)
         values = {k: float(v) for k, v in metrics.items()}
-        self._file.write(json.dumps({"step": int(step), **values}) + "\n")
+        strict = {k: v if math.isfinite(v) else None for k, v in values.items()}
+        self._file.write(json.dumps({"step": int(step), **strict}, allow_nan=False) + "\n")
         self._file.flush()
         if self._tb is not None:
             for name, value in values.items():
@@ -134,8 +140,8 @@ def reward_metrics(info: Mapping[str, Any]) -> dict[str, float]:
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
-    """The lines of a metrics JSONL. A torn last line (a killed run) is skipped; any other bad line
-    raises with its line number."""
+    """The lines of a metrics JSONL (``null``, a value that was not finite, read as ``nan``). A torn last
+    line (a killed run) is skipped; any other bad line raises with its line number."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"metrics file {str(path)!r} not found")
@@ -152,5 +158,5 @@ def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, float]]:
             raise ValueError(f"{path}:{number} is not valid JSON: {err}") from err
         if not isinstance(row, dict) or not isinstance(row.get("step"), int):
             raise ValueError(f"{path}:{number} must be an object with an integer 'step', got {line[:120]!r}")
-        rows.append(row)
+        rows.append({k: math.nan if v is None else v for k, v in row.items()})
     return rows

@@ -164,12 +164,14 @@ class Run:
         if self.logger is not None:
             self.logger.log(step, metrics)
 
-    def evaluate(self, step: int) -> dict[str, float]:
+    def evaluate(self, step: int, *, validation: bool = False) -> dict[str, float]:
         """Evaluate on the eval split (rank 0 only: the replicas are identical; the others wait) with
         the roles of the last trained iteration (``step - 1``; the first before training), and write
-        the episodes' transcripts."""
+        the episodes' transcripts. ``validation``: on the train split's held-out problems instead
+        (``--num-validation-problems``; ``val/*`` metrics, no transcripts)."""
         config = self.config
-        if config.num_eval_problems == 0:
+        count = config.num_validation_problems if validation else config.num_eval_problems
+        if count == 0:
             return {}
         if not self.main:
             distributed.barrier()
@@ -177,10 +179,11 @@ class Run:
         episodes: list[dict[str, Any]] = []
         adapters = None if self.adapters is None else self.adapters(max(step - 1, 0))
         env_kwargs = self.env_kwargs(adapters) if callable(self.env_kwargs) else self.env_kwargs
+        where = {"split": "train", "first": -count, "prefix": "val"} if validation else {}
         result = evaluation.evaluate(
             self.policy,
             config.env,
-            num_problems=config.num_eval_problems,
+            num_problems=count,
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
             top_p=config.top_p,
@@ -190,12 +193,27 @@ class Run:
             seed=config.seed,
             env_kwargs=env_kwargs,
             adapters=adapters,
-            episodes=episodes,
+            episodes=None if validation else episodes,
+            **where,
         )
-        assert self.samples is not None
-        self.samples.write_eval(step, episodes)
+        if not validation:
+            assert self.samples is not None
+            self.samples.write_eval(step, episodes)
         distributed.barrier()
         return result
+
+    def draw_problems(self, n_train: int, size: int) -> np.ndarray:
+        """``size`` train-split problem indices for a batch, drawn with the run's RNG from the first
+        ``n_train - num_validation_problems`` (the rest are held out for validation), with replacement only
+        when there are fewer than ``size``. ``n_train``: the train split's length."""
+        held = self.config.num_validation_problems
+        if held >= n_train:
+            raise ValueError(
+                f"num_validation_problems ({held}) must leave training problems: the train split of "
+                f"{self.config.env} has {n_train}"
+            )
+        n = n_train - held
+        return self.rng.choice(n, size=size, replace=n < size)
 
     def evaluate_before(self) -> None:
         """The evaluation before training (not again when a resumed run has one)."""
@@ -237,6 +255,8 @@ class Run:
         """The evaluation after the last iteration."""
         self.bar.close()
         self.final_eval = self.evaluate(self.step)
+        if self.config.num_validation_problems:
+            self.final_eval.update(self.evaluate(self.step, validation=True))
 
     # ------------------------------------------------------------------------------ state
     def boundary(self, step: int) -> BoundaryState | None:

@@ -288,7 +288,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
         run.evaluate_before()
         for iteration in run.iterations():
             t0 = time.perf_counter()
-            problems = run.rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
+            problems = run.draw_problems(n_train, config.num_problems)
             options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
             seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
             turns = rollout(policy, venv, seeds, options, actor_config, positions if per_problem else None, iteration)

@@ -408,7 +408,7 @@ def collect_offline(team: Team, run: Run, config: PreferenceConfig) -> tuple[lis
     returns the selected pairs and the candidates' reward statistics."""
     from tqdm.auto import tqdm
 
-    problems = run.rng.choice(team.n_train, size=config.num_prompts, replace=team.n_train < config.num_prompts)
+    problems = run.draw_problems(team.n_train, config.num_prompts)
     pairs: list[Pair] = []
     rewards = []
     batches = [problems[i:i + config.num_problems] for i in range(0, len(problems), config.num_problems)]
@@ -426,8 +426,7 @@ def iterative_pairs(
     """The iterative form's pairs of one iteration: the comparator's candidates first, then the team's
     (the envs keep the team's episodes for the transcripts). Returns the problems, the pairs, the
     metrics and this process's team candidates (MARLHF's RL stage trains on them)."""
-    problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
-                                                replace=team.n_train < config.num_problems)]
+    problems = [int(p) for p in run.draw_problems(team.n_train, config.num_problems)]
     which = config.comparator
     other = team.candidates(problems, iteration, stream=1, which=which)
     other_r = team.penalised(other, which)

@@ -301,7 +301,7 @@ def main(config: Config) -> dict[str, float]:
         run.evaluate_before()
         for iteration in run.iterations():
             t0 = time.perf_counter()
-            problems = run.rng.choice(n_train, size=config.num_problems, replace=n_train < config.num_problems)
+            problems = run.draw_problems(n_train, config.num_problems)
             if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/rl/tree.py
                 seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
                 options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]

@@ -423,7 +423,8 @@ def main(config: Config) -> dict[str, Any]:
             if config.iterative:
                 # New pairs: the reward model's accuracy on them before it learns them, then its update.
                 problems, pairs, metrics, cands = iterative_pairs(team, run, config, iteration)
-                metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch)
+                if pairs:  # nothing to measure without new pairs: the metric is left out, never NaN
+                    metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch)
                 buffer.add(iteration, pairs)
                 rm = {"losses/reward_model": [], "pref/rm_train_accuracy": []}
                 for _ in range(config.rm_epochs):
@@ -437,8 +438,7 @@ def main(config: Config) -> dict[str, Any]:
                 metrics.update({k: float(np.mean(v)) for k, v in rm.items() if v})
             else:
                 metrics.update(run.extra.get("collected", {}))
-                problems = [int(p) for p in run.rng.choice(team.n_train, size=config.num_problems,
-                                                            replace=team.n_train < config.num_problems)]
+                problems = [int(p) for p in run.draw_problems(team.n_train, config.num_problems)]
                 cands = team.candidates(problems, iteration, stream=0)
                 metrics.update(reward_metrics(distributed.gather_rows(dict(cands.infos[agents[0]]))))
             t_sample = time.perf_counter() - t0

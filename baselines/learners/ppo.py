@@ -457,7 +457,7 @@ def train(
             if reward_wrapper is not None:  # MARLHF: the training envs' rewards are a learned model's
                 venv = reward_wrapper(venv)
             # 1. Rollout: one response length for the whole batch; roles act as the env's protocol says.
-            problems = run.rng.choice(n_train, size=config.batch_size, replace=n_train < config.batch_size)
+            problems = run.draw_problems(n_train, config.batch_size)
             length = int(run.rng.integers(config.min_new_tokens, config.max_new_tokens + 1))
             sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
             seeds = [config.seed * 1_000_003 + iteration * config.batch_size + i for i in positions]
