@@ -1,6 +1,6 @@
 """The papers' claims, measured with seeds: the records, figures and tables of docs/results.md.
 
-Three comparisons, each a fixed list of methods with hyper-parameters chosen before running (in
+Five comparisons, each a fixed list of methods with hyper-parameters chosen before running (in
 ``results_records.py``: ``MAGRPO_SETTINGS``, ``CORY_SETTINGS``, ``PREFERENCE_SETTINGS``):
 
 - ``magrpo``: MAGRPO on ``writing/xsum-v0`` against its baselines: the untrained pair (parallel and
@@ -8,6 +8,11 @@ Three comparisons, each a fixed list of methods with hyper-parameters chosen bef
   env under both split policies, MAGRPO (parallel) and MAGRPO with ``--num-turns 2``.
 - ``preference``: the MAGRPO team (the ``magrpo`` comparison's records, not run twice) against one
   centralised model (``--centralized``) and offline MADPO, on the same 160 joint samples of training.
+- ``sweep`` and ``methods`` (issue #38): each method at its own learning rate. ``sweep`` runs each
+  method of ``methods`` once (seed 0) at the rates of ``SWEEP_RATES``, scored on 32 held-out train
+  articles (``--num-validation-problems``); ``methods`` runs every learner (MAGRPO team, the centralised
+  model in the reference's format and with its first tag prefilled, offline and iterative MADPO,
+  MARLHF) at its sweep's best rate on seeds 0 1 2, seed 0 being the sweep's record.
 - ``cory``: CORY against PPO on IMDB with the same adaptive KL controller, plus CORY's two ablations
   (no role exchange, ``--swap-every 0``; individual rewards, ``sentiment/imdb-cory-individual-v0``).
 
@@ -58,9 +63,14 @@ from results_records import (
     run_records,
 )
 from results_records import CORY_SETTINGS as CORY_SETTINGS
+from results_records import FIXED_RATE as FIXED_RATE
 from results_records import MAGRPO_SETTINGS as MAGRPO_SETTINGS
+from results_records import METHODS_SETTINGS as METHODS_SETTINGS
 from results_records import PREFERENCE_SETTINGS as PREFERENCE_SETTINGS
+from results_records import SWEEP_RATES as SWEEP_RATES
+from results_records import chosen_rate as chosen_rate
 from results_records import flags_of as flags_of
+from results_records import sweep_name as sweep_name
 from results_records import to_argv as to_argv
 
 # The names imported `as` themselves are read from here too (the tests load this file by path): the

@@ -36,6 +36,20 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)), len(finite)
 
 
+WRITING = ("magrpo", "preference", "methods", "sweep")
+"""The comparisons on writing/xsum-v0 (joint reward and its components; the others are CORY's)."""
+
+
+def last_finite(values: Sequence[float]) -> float:
+    """The last finite value of a curve (NaN if none).
+
+    >>> last_finite([0.5, 0.75, float("nan")])
+    0.75
+    """
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return finite[-1] if finite else math.nan
+
+
 def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
     if n == 0:
         return "—"
@@ -51,10 +65,18 @@ def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {"label": m.label, "seeds": [r["seed"] for r in mine],
                                  "wall_s": {str(r["seed"]): r["wall_s"] for r in mine}}
-        if comparison in ("magrpo", "preference"):
+        if comparison in WRITING:
             keys = sorted({k for r in mine for k in r["eval"] if not k.startswith("pass@")})
             entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
             entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
+            if any(r.get("validation") for r in mine):
+                entry["validation"] = {k: mean_std([r.get("validation", {}).get(k, math.nan) for r in mine])
+                                       for k in keys}
+            rates = sorted({r["flags"]["learning-rate"] for r in mine if "learning-rate" in r.get("flags", {})})
+            entry["learning_rate"] = rates[0] if len(rates) == 1 else (rates or None)
+            accuracy = [last_finite(r["curve"].get("pref/rm_heldout_accuracy", [])) for r in mine]
+            if any(math.isfinite(a) for a in accuracy):
+                entry["rm_heldout_accuracy"] = mean_std(accuracy)
         else:
             entry["final"] = {
                 model: {k: mean_std([r["final"][model][k] for r in mine]) for k in ("task_reward", "kl", "combined")}
@@ -171,7 +193,19 @@ def plot_cory(records: list[dict[str, Any]], path: Path, smoothing: int) -> None
 def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
     """The page's generated section for one comparison (markdown)."""
     lines: list[str] = []
-    if comparison in ("magrpo", "preference"):
+    if comparison == "sweep":
+        lines += sweep_table(summary, out)
+    elif comparison == "methods":
+        components = ("total", "structure", "length", "diversity", "transition", "jaccard", "sections_found")
+        lines.append("| method | learning rate | " + " | ".join(f"eval {c}" for c in components)
+                     + " | eval total before | reward model held-out accuracy |")
+        lines.append("|---" * (len(components) + 4) + "|")
+        for entry in summary.values():
+            cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
+            accuracy = fmt(*entry["rm_heldout_accuracy"]) if "rm_heldout_accuracy" in entry else "—"
+            lines.append(f"| {entry['label']} | {entry['learning_rate']} | " + " | ".join(cells)
+                         + f" | {fmt(*entry['eval_before']['total'])} | {accuracy} |")
+    elif comparison in ("magrpo", "preference"):
         components = ("total", "structure", "length", "diversity", "transition", "jaccard",
                       "delimiter" if comparison == "magrpo" else "sections_found")
         lines.append("| method | " + " | ".join(f"eval {c}" for c in components) + " | eval total before |")
@@ -213,6 +247,31 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     else:
         lines.append("All records of this comparison exist.")
     return "\n".join(lines)
+
+
+def sweep_table(summary: dict[str, Any], out: Path) -> list[str]:
+    """The learning-rate sweep: each method's rates scored on the validation split (the held-out train
+    articles), the chosen rate marked; the eval split is not looked at to choose."""
+    from results_records import SWEEP_RATES, chosen_rate, sweep_name
+
+    lines = ["| method | learning rate | validation total (chosen: **bold**) | validation structure | "
+             "validation length | eval total after | eval total before | reward model held-out accuracy |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, rates in SWEEP_RATES.items():
+        best = chosen_rate(out, name)
+        for rate in rates:
+            entry = summary.get(sweep_name(name, rate))
+            if entry is None:
+                lines.append(f"| {method('methods', name).label} | {rate:g} | (missing) | | | | | |")
+                continue
+            val = entry.get("validation", {})
+            total = f"{val['total'][0]:.3f}" if "total" in val else "—"
+            total = f"**{total}**" if best == rate else total
+            cells = [f"{val[c][0]:.3f}" if c in val else "—" for c in ("structure", "length")]
+            accuracy = f"{entry['rm_heldout_accuracy'][0]:.3f}" if "rm_heldout_accuracy" in entry else "—"
+            lines.append(f"| {method('methods', name).label} | {rate:g} | {total} | {' | '.join(cells)} | "
+                         f"{entry['eval']['total'][0]:.3f} | {entry['eval_before']['total'][0]:.3f} | {accuracy} |")
+    return lines
 
 
 def short_commit(commit: str | None) -> str:
@@ -263,9 +322,9 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
         result["records"] += len(records)
         result["total_wall_s"] += sum(r["wall_s"] for r in records)
         result["missing"][comparison] = missing_records(out, comparison)
-        if records:
+        if records and comparison != "sweep":
             figure = out / f"{comparison}.png"
-            if comparison in ("magrpo", "preference"):
+            if comparison in WRITING:
                 plot_magrpo(records, summary, figure, smoothing, comparison)
             else:
                 plot_cory(records, figure, smoothing)

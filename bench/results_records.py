@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +66,29 @@ CORY_SETTINGS: dict[str, Any] = {
 PREFERENCE_SETTINGS: dict[str, Any] = {k: v for k, v in MAGRPO_SETTINGS.items()
                                        if k not in ("num-problems", "num-generations", "normalize-std")}
 GROUPS = {"num-problems": 2, "num-generations": 4, "normalize-std": True}
+# Each method at its own learning rate (issue #38): PREFERENCE_SETTINGS, 32 train articles held out as the
+# validation split (never drawn for training; the sweep is scored on them, never on the eval articles),
+# and the same 160 joint samples per run scored by the task's reward (docs/results.md section 4).
+METHODS_SETTINGS: dict[str, Any] = {**PREFERENCE_SETTINGS, "num-validation-problems": 32}
+SWEEP_RATES: dict[str, tuple[float, ...]] = {
+    "magrpo": (3e-4, 1e-3, 3e-3),               # MAGRPO's 1e-3 (section 1) between a third and three times it
+    "centralized-prefill": (3e-4, 1e-3, 3e-3),  # the same learner (MAGRPO) on one adapter
+    "madpo": (3e-5, 1e-4, 3e-4),                # DPO's usual LoRA range (the demo's 1e-4 in the middle)
+    "madpo-iterative": (3e-5, 1e-4, 3e-4),
+    "marlhf": (1e-4, 3e-4, 1e-3),               # its RL stage (MAGRPO on the learned reward): 1e-4 to MAGRPO's
+}
+"""The learning rates each method is swept over (one seed, 0), spanning its usual range; the chosen rate
+is the sweep record's best ``val/total`` and runs three seeds (seed 0 is the sweep's record itself)."""
+FIXED_RATE = 1e-3
+"""The learning rate of a method without a sweep (the strict centralised model, whose every advantage is
+0: no rate changes what it learns)."""
 # --quick: the same methods at tiny sizes (CI smoke tests; a tiny model with --model).
 QUICK = {
     "magrpo": {"max-source-words": 20, "num-problems": 1, "num-generations": 2, "max-new-tokens": 8,
                "num-iterations": 2, "num-eval-problems": 2},
     "preference": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2},
+    "methods": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2,
+                "num-validation-problems": 2},
     "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
              "max-new-tokens": 4, "num-eval-problems": 2},
 }
@@ -121,6 +139,23 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
                {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 4, "batch-pairs": 8},
                quick_flags={"num-prompts": 2, "num-candidates": 2}),
     ),
+    "methods": (
+        Method("magrpo", "magrpo", "writing/xsum-v0", "MAGRPO team (2 agents)", GROUPS),
+        Method("centralized", "magrpo", "writing/xsum-v0", "centralised single model, reference format (MAGRPO)",
+               {**GROUPS, "centralized": True}, token_factor=2),
+        Method("centralized-prefill", "magrpo", "writing/xsum-v0",
+               "centralised single model, first tag prefilled (MAGRPO)",
+               {**GROUPS, "centralized": True, "prefill": True}, token_factor=2),
+        Method("madpo", "madpo", "writing/xsum-v0", "MADPO, offline (40 prompts x 4 candidates)",
+               {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 4, "batch-pairs": 8},
+               quick_flags={"num-prompts": 2, "num-candidates": 2}),
+        Method("madpo-iterative", "madpo", "writing/xsum-v0", "MADPO, iterative (20 x 2 prompts x (2 + 2 comparator))",
+               {"iterative": True, "num-problems": 2, "num-candidates": 2, "comparator": "current",
+                "replay": "nearest_k", "pairs-per-prompt": 2, "batch-pairs": 8}),
+        Method("marlhf", "marlhf", "writing/xsum-v0", "MARLHF (reward model on 40 x 4, then MAGRPO)",
+               {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 6, "batch-pairs": 8,
+                "normalize-std": True}, quick_flags={"num-prompts": 2, "num-candidates": 2}),
+    ),
     "cory": (
         Method("ppo", "ppo", "sentiment/imdb-v0", "PPO", models=("agent",)),
         Method("cory", "cory", "sentiment/imdb-cory-v0", "CORY", {"swap-every": 5}, models=("model_0", "model_1")),
@@ -130,7 +165,25 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
                {"swap-every": 5}, models=("model_0", "model_1")),
     ),
 }
+
+
+def sweep_name(name: str, rate: float) -> str:
+    """The sweep record's method name of ``name`` at learning rate ``rate``.
+
+    >>> sweep_name("madpo", 1e-4)
+    'madpo@lr0.0001'
+    """
+    return f"{name}@lr{rate:g}"
+
+
+COMPARISONS["sweep"] = tuple(
+    replace(m, name=sweep_name(m.name, rate), label=f"{m.label}, lr {rate:g}",
+            flags={**m.flags, "learning-rate": rate})
+    for m in COMPARISONS["methods"] if m.name in SWEEP_RATES for rate in SWEEP_RATES[m.name]
+)
 SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
+                "sweep": {m.name: (0,) for m in COMPARISONS["sweep"]},
+                "methods": {m.name: DEFAULT_SEEDS for m in COMPARISONS["methods"]},
                 "preference": {m.name: DEFAULT_SEEDS for m in COMPARISONS["preference"]},
                 "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
 """The records the page needs: 3 seeds per method, one seed per CORY ablation."""
@@ -145,9 +198,10 @@ def method(comparison: str, name: str) -> Method:
 
 
 def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
-    base = dict({"magrpo": MAGRPO_SETTINGS, "preference": PREFERENCE_SETTINGS}.get(comparison, CORY_SETTINGS))
+    base = dict({"magrpo": MAGRPO_SETTINGS, "preference": PREFERENCE_SETTINGS, "methods": METHODS_SETTINGS,
+                 "sweep": METHODS_SETTINGS}.get(comparison, CORY_SETTINGS))
     if quick:
-        base.update(QUICK[comparison])
+        base.update(QUICK["methods" if comparison == "sweep" else comparison])
     return base
 
 
@@ -259,12 +313,13 @@ def curve_of(rows: list[dict[str, float]], keys: Sequence[str]) -> dict[str, lis
     return out
 
 
-def eval_of(rows: list[dict[str, float]], first: bool) -> dict[str, float]:
-    evals = [r for r in rows if "eval/total" in r]
+def eval_of(rows: list[dict[str, float]], first: bool, prefix: str = "eval/") -> dict[str, float]:
+    """The first or last evaluation's ``<prefix>*`` metrics (``val/``: the held-out train articles)."""
+    evals = [r for r in rows if f"{prefix}total" in r]
     if not evals:
         return {}
     row = evals[0] if first else evals[-1]
-    return {k.removeprefix("eval/"): v for k, v in row.items() if k.startswith("eval/")}
+    return {k.removeprefix(prefix): v for k, v in row.items() if k.startswith(prefix)}
 
 
 def curve_keys(m: Method, rows: list[dict[str, float]]) -> list[str]:
@@ -299,6 +354,7 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
     record["curve"] = curve_of(rows, curve_keys(m, rows))
     record["eval_before"] = eval_of(rows, first=True)
     record["eval"] = eval_of(rows, first=False)
+    record["validation"] = eval_of(rows, first=False, prefix="val/")
     if m.models:
         record["final"] = {
             model: {k: _mean(record["curve"][f"agent_{model}/{k}"][-LAST:]) for k in ("task_reward", "kl", "combined")}
@@ -344,6 +400,16 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
             if path.is_file():
                 skipped.append(path.name)
                 continue
+            if comparison == "methods":
+                rate = chosen_rate(out, m.name)
+                if rate is None:
+                    skipped.append(f"{path.name} (its learning-rate sweep is not complete)")
+                    continue
+                if m.name in SWEEP_RATES and seed == 0:  # the sweep's record at the chosen rate is seed 0
+                    copy_sweep_record(out, m.name, rate, path)
+                    done.append({"record": path.name, "copied_from": sweep_name(m.name, rate)})
+                    continue
+                m = replace(m, flags={**m.flags, "learning-rate": rate})
             with claimed(path) as mine:
                 if not mine:  # another sitting runs it now: leave its run directory alone
                     skipped.append(f"{path.name} (running in process {running_pid(path)})")
@@ -378,6 +444,39 @@ def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: boo
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
+
+
+def sweep_records(out: Path, name: str) -> dict[float, dict[str, Any] | None]:
+    """Learning rate -> the sweep's record of method ``name`` at that rate (None while missing)."""
+    found: dict[float, dict[str, Any] | None] = {}
+    for rate in SWEEP_RATES[name]:
+        path = record_path(out, "sweep", sweep_name(name, rate), 0)
+        found[rate] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    return found
+
+
+def chosen_rate(out: Path, name: str) -> float | None:
+    """The learning rate of method ``name`` in the ``methods`` comparison: its sweep's best ``val/total``
+    (the held-out train articles; the first rate of the list on a tie), None until every sweep record
+    exists; :data:`FIXED_RATE` for a method without a sweep."""
+    if name not in SWEEP_RATES:
+        return FIXED_RATE
+    records = sweep_records(out, name)
+    if any(r is None for r in records.values()):
+        return None
+    scores = {rate: r["validation"].get("total", -math.inf) for rate, r in records.items() if r is not None}
+    return max(scores, key=lambda rate: (scores[rate], -SWEEP_RATES[name].index(rate)))
+
+
+def copy_sweep_record(out: Path, name: str, rate: float, path: Path) -> None:
+    """Seed 0 of a swept method in ``methods``: the sweep's record at the chosen ``rate`` (the same run,
+    not run twice), renamed, with ``copied_from`` naming the sweep record."""
+    source = record_path(out, "sweep", sweep_name(name, rate), 0)
+    record = json.loads(source.read_text(encoding="utf-8"))
+    record.update({"comparison": "methods", "method": name, "label": method("methods", name).label,
+                   "copied_from": f"sweep/{source.name}"})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
 
 def running_pid(record: Path) -> int | None:

@@ -40,13 +40,17 @@ reading kept
 {cory}
 ## Preference
 {preference}
+## Sweep
+{sweep}
+## Methods
+{methods}
 """
 
 
 def page_with_markers(results, path: Path) -> Path:
     marks = {
-        name: results.MARKER.format(name=name, end="begin") + "\nold\n" + results.MARKER.format(name=name, end="end")
-        for name in ("wall", "magrpo", "cory", "preference")
+        name: results.MARKER.format(name=name, end="begin") + "\nSTALE\n" + results.MARKER.format(name=name, end="end")
+        for name in ("wall", "magrpo", "cory", "preference", "sweep", "methods")
     }
     path.write_text(PAGE.format(**marks), encoding="utf-8")
     return path
@@ -85,7 +89,7 @@ def test_quick_magrpo_records_skip_and_render(results, tiny_model_dir, tmp_path,
     rendered = last_json(capsys)
     assert rendered["records"] == 3 and (out / "magrpo.png").is_file()
     text = page.read_text(encoding="utf-8")
-    assert "old" not in text and "reading kept" in text
+    assert "STALE" not in text and "reading kept" in text
     assert "single agent (GRPO), split=strict" in text and "(n=1)" in text
     # The page names every missing record and the command that completes it.
     run = "python bench/results.py run magrpo"
@@ -225,3 +229,55 @@ def test_quick_preference_records_reuse_magrpo_and_render(
     text = page.read_text(encoding="utf-8")
     assert "MADPO (offline" in text and "(results/magrpo/magrpo__s0.json)" in text
     assert "python bench/results.py run preference --seeds 0 1 2 --methods centralized" in text
+
+
+def test_sweep_chooses_each_rate_on_validation_and_seed_0_is_the_sweep_record(
+    results, tiny_model_dir, tmp_path, capsys, varied_writing_reward
+) -> None:
+    """The methods comparison (issue #38): a method's learning rate is its sweep's best validation total
+    (never the eval split's), seed 0 is that sweep record, the other seeds run at the chosen rate."""
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    rates = results.SWEEP_RATES["madpo"]
+    # Hand-written sweep records: the best validation total is the middle rate's, the best eval total another's.
+    for rate, val, evaluated in zip(rates, (0.5, 1.25, 1.0), (2.5, 0.0, 0.0)):
+        name = results.sweep_name("madpo", rate)
+        record = {"comparison": "sweep", "method": name, "label": name, "seed": 0, "wall_s": 1.0, "cpu_s": 1.0,
+                  "load_average_1min": {"start": 0.0, "end": 0.0}, "finished": "now", "commit": None,
+                  "flags": {"learning-rate": rate}, "curve": {}, "eval": {"total": evaluated},
+                  "eval_before": {"total": 0.25}, "validation": {"total": val}}
+        (out / "sweep").mkdir(parents=True, exist_ok=True)
+        (out / "sweep" / f"{name}__s0.json").write_text(json.dumps(record))
+    assert results.chosen_rate(out, "madpo") == rates[1]
+    assert results.chosen_rate(out, "madpo-iterative") is None  # its sweep has not run
+    assert results.chosen_rate(out, "centralized") == results.FIXED_RATE  # not swept
+    argv = ["run", "methods", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--threads", "1", "--methods", "madpo", "madpo-iterative", "--seeds", "0", "1"]
+    assert results.main(argv) == 0
+    summary = last_json(capsys)
+    assert summary["done"][0] == {"record": "madpo__s0.json", "copied_from": results.sweep_name("madpo", rates[1])}
+    assert [d["record"] for d in summary["done"]] == ["madpo__s0.json", "madpo__s1.json"]
+    assert sorted(summary["skipped"]) == [f"madpo-iterative__s{s}.json (its learning-rate sweep is not complete)"
+                                          for s in (0, 1)]
+    records = {(r["method"], r["seed"]): r for r in results.load_records(out, "methods")}
+    assert records[("madpo", 0)]["copied_from"] == f"sweep/{results.sweep_name('madpo', rates[1])}__s0.json"
+    ran = records[("madpo", 1)]
+    assert f"--learning-rate {rates[1]}" in ran["command"] and ran["flags"]["learning-rate"] == rates[1]
+    assert "--num-validation-problems 2" in ran["command"] and math.isfinite(ran["validation"]["total"])
+    page = page_with_markers(results, tmp_path / "results.md")
+    assert results.main(["render", "--out", str(out), "--page", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert f"| {rates[1]:g} | **1.250** |" in text and "| 0.5 |" not in text
+    assert "MADPO, offline (40 prompts x 4 candidates) | 0.0001 |" in text
+
+
+def test_quick_sweep_record_of_the_prefilled_centralised_model(
+    results, tiny_model_dir, tmp_path, capsys, varied_writing_reward
+) -> None:
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    name = results.sweep_name("centralized-prefill", results.SWEEP_RATES["centralized-prefill"][0])
+    argv = ["run", "sweep", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--threads", "1", "--methods", name]
+    assert results.main(argv) == 0
+    record = results.load_records(out, "sweep")[0]
+    assert "--centralized --prefill" in record["command"] and record["flags"]["max-new-tokens"] == 16
+    assert set(record["validation"]) >= {"total", "sections_found"} and math.isfinite(record["validation"]["total"])

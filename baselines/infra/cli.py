@@ -199,6 +199,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 env_kwargs[key] = saved[key]
         if saved.get("centralized"):
             env_kwargs["centralized"] = True  # the checkpoint's one agent writes every role
+            if saved.get("prefill"):
+                env_kwargs["prefill"] = True  # ... after the first role's opening tag, written by the env
         if args.max_new_tokens is None:
             args.max_new_tokens = saved["max_new_tokens"]
     env_id = env_id or "writing/xsum-v0"
@@ -210,6 +212,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs["num_turns"] = args.num_turns
     if args.centralized:
         env_kwargs["centralized"] = True
+    if args.prefill:
+        if not env_kwargs.get("centralized"):
+            print("--prefill needs --centralized (or a centralised checkpoint)", file=sys.stderr)
+            return 2
+        env_kwargs["prefill"] = True
     if env_id not in llm_envs.list_envs():
         print(f"unknown env {env_id!r}; see `llm-envs list`", file=sys.stderr)
         return 2
@@ -340,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-turns", type=int, default=1, help="turns per episode (default: %(default)s)")
     p.add_argument("--centralized", action="store_true",
                    help="one model writes every role as tagged sections (default: the checkpoint's setting)")
+    p.add_argument("--prefill", action="store_true",
+                   help="with --centralized: the env writes the first role's opening tag at the start of each response")
     p.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
     p.set_defaults(func=cmd_eval)
 

@@ -70,6 +70,11 @@ def check_centralized(config: Any) -> None:
     """Refuse ``--centralized`` for a learner not in :data:`CENTRALIZED_LEARNERS`, or with a sequential env id."""
     if not isinstance(config.centralized, bool):
         raise ValueError(f"centralized must be True or False, got {config.centralized!r}")
+    if not isinstance(config.prefill, bool):
+        raise ValueError(f"prefill must be True or False, got {config.prefill!r}")
+    if config.prefill and not config.centralized:
+        raise ValueError("--prefill writes the first role's opening tag of a centralised response: it needs "
+                         "--centralized")
     if not config.centralized:
         return
     if config.learner not in CENTRALIZED_LEARNERS:
@@ -196,6 +201,9 @@ class CoreConfig:
     (``<brief>...</brief>``; llm_envs.core.centralized, docs/centralized.md): the env's one agent is
     ``central`` and --max-new-tokens is its whole response (N x the team's for the same budget). MAGRPO
     and PPO only."""
+    prefill: bool = False
+    """With --centralized: the env writes the first role's opening tag (``<brief>``) at the start of every
+    response and the model continues it (docs/centralized.md "Prefill"); off: the reference's format."""
     expert_model: str | None = None
     """Model of --transition expert: HF id or local directory; unset for the embedded SmolLM2-135M-Instruct."""
     expert_max_new_tokens: int = 64
@@ -406,6 +414,8 @@ class CoreConfig:
             kwargs["data_path"] = self.data_path
         if self.centralized:
             kwargs["centralized"] = True  # one agent writes every role (llm_envs.core.centralized)
+            if self.prefill:
+                kwargs["prefill"] = True  # the env writes the first role's opening tag
         if self.transition is not None and self.transition != "expert":
             kwargs["transition"] = self.transition  # the expert is an object: build_env_kwargs adds it
         return kwargs

@@ -104,9 +104,10 @@ ENV_KWARGS = (
     "stop_token_ids",
     "transition",
     "centralized",
+    "prefill",
 )
 """Keyword arguments that belong to the env; every other ``make`` kwarg goes to the task. ``centralized``
-is ``make``'s (:mod:`llm_envs.core.centralized`), not an argument of the env classes."""
+and ``prefill`` are ``make``'s (:mod:`llm_envs.core.centralized`), not arguments of the env classes."""
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -387,7 +388,7 @@ class LLMEnvCore(AgentTokenizers, Transcript):
         if record.chat_template:
             text = tok.apply_chat_template(
                 [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
+            ) + self.task.response_prefix(role)
             pieces = text.split(_SPLICE)
             ids: list[int] = []
             for i, piece in enumerate(pieces):
@@ -396,7 +397,7 @@ class LLMEnvCore(AgentTokenizers, Transcript):
                 if i < len(responses):
                     ids.extend(self._response_ids_for(responses[i], role))
             return ids
-        pieces = text.split(_SPLICE)
+        pieces = (text + self.task.response_prefix(role)).split(_SPLICE)
         ids = []
         for i, piece in enumerate(pieces):
             if piece:

@@ -88,6 +88,8 @@ FORMAT_BLOCK = (
     "outside the tags:\n{skeleton}"
 )
 SKELETON_LINE = "<{role}>\n...\n</{role}>"
+TAG_OPEN = "<{role}>"
+"""A role's opening tag: with ``prefill`` the env writes the first role's as the response's start."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -141,12 +143,16 @@ class CentralizedTask(Task):
     Args:
         task: the wrapped task (it must run under the parallel protocol).
         agent: the name of the one role.
+        prefill: the env writes the first role's opening tag (``<brief>``) at the start of every
+            response, as the end of the prompt, and the response is read as that tag followed by what
+            the model wrote (:meth:`response_prefix`). Off (the default) is the reference's format, in
+            which the model writes every tag itself.
     """
 
     protocols: ClassVar[tuple[str, ...]] = ("parallel",)
     use_chat_template: ClassVar[bool] = True  # the central prompt is an instruction, whatever the roles'
 
-    def __init__(self, task: Task, agent: str = AGENT) -> None:
+    def __init__(self, task: Task, agent: str = AGENT, prefill: bool = False) -> None:
         if isinstance(task, CentralizedTask):
             raise ValueError("The task is centralised already; wrap the original task.")
         if not isinstance(task, Task):
@@ -168,7 +174,11 @@ class CentralizedTask(Task):
             )
         if not isinstance(agent, str) or not agent:
             raise ValueError(f"agent must be a non-empty string, got {agent!r}.")
+        if not isinstance(prefill, bool):
+            raise ValueError(f"prefill must be True or False, got {prefill!r}.")
         n = len(roles)
+        self.prefill = prefill
+        self.prefix = TAG_OPEN.format(role=roles[0]) if prefill else ""
         self.inner = task
         self.inner_roles = roles
         self.agent = agent
@@ -183,8 +193,14 @@ class CentralizedTask(Task):
         self.description = f"One model writes every role ({', '.join(roles)}) of: {inner_description}"  # type: ignore[misc]
 
     def split(self, text: str) -> dict[str, str]:
-        """Each wrapped role's text from one response of the agent (:func:`split_sections`)."""
-        return split_sections(text, self.inner_roles)
+        """Each wrapped role's text from one response of the agent (:func:`split_sections`; with
+        ``prefill``, of the prefilled tag followed by ``text``)."""
+        return split_sections(self.prefix + text, self.inner_roles)
+
+    def response_prefix(self, role: str) -> str:
+        """With ``prefill``, the first role's opening tag (``<brief>``): the model writes that role's text
+        first; else ``""``."""
+        return self.prefix
 
     def _inner_components(self, components: Mapping[str, float]) -> dict[str, float]:
         return {c: components[c] for c in self.inner.reward_components}
@@ -222,7 +238,7 @@ class CentralizedTask(Task):
         ])
 
     def reward(self, problem: Problem, outputs: Mapping[str, str]) -> tuple[float, dict[str, float]]:
-        texts, found = parse_sections(outputs[self.agent], self.inner_roles)
+        texts, found = parse_sections(self.prefix + outputs[self.agent], self.inner_roles)
         total, components = self.inner.reward(problem, texts)
         out = {c: float(components[c]) for c in self.inner.reward_components}
         out[SECTIONS_COMPONENT] = found / len(self.inner_roles)
@@ -287,14 +303,16 @@ class CentralizedEnv(ParallelLLMEnv):
     Args:
         task: the wrapped task (or a :class:`CentralizedTask`).
         agent: the one agent's name (default ``"central"``).
+        prefill: the env writes the first role's opening tag at the start of each response
+            (:class:`CentralizedTask`); off: the reference's format.
         **kwargs: the env arguments of :class:`~llm_envs.core.base.LLMEnvCore`; ``max_new_tokens`` and
             ``max_prompt_tokens`` are the one agent's (defaults: see the module docstring); ``tokenizer``
             and ``stop_token_ids`` may be mappings keyed by the wrapped roles if every role has the same
             tokenizer (a centralised env has one).
     """
 
-    def __init__(self, task: Task, *, agent: str = AGENT, **kwargs: Any) -> None:
-        central = task if isinstance(task, CentralizedTask) else CentralizedTask(task, agent=agent)
+    def __init__(self, task: Task, *, agent: str = AGENT, prefill: bool = False, **kwargs: Any) -> None:
+        central = task if isinstance(task, CentralizedTask) else CentralizedTask(task, agent=agent, prefill=prefill)
         roles = central.inner_roles
         if "tokenizer" in kwargs:
             kwargs["tokenizer"] = _one_tokenizer(kwargs["tokenizer"], roles, central.agent)
@@ -336,7 +354,7 @@ class CentralizedEnv(ParallelLLMEnv):
 
 
 def centralize(env: Any, *, max_new_tokens: int | None = None, max_prompt_tokens: int | None = None,
-               agent: str = AGENT) -> CentralizedEnv:
+               agent: str = AGENT, prefill: bool = False) -> CentralizedEnv:
     """A centralised copy of the parallel env ``env``: one agent writes every role as tagged sections
     (see the module docstring). It keeps ``env``'s id, tokenizer, stop ids, turns, render mode, step
     unit, observation format, prompt overflow and transition; ``env`` itself is not changed.
@@ -347,6 +365,8 @@ def centralize(env: Any, *, max_new_tokens: int | None = None, max_prompt_tokens
         max_new_tokens: the one agent's action length; default: the sum of the roles' (N x ``env``'s).
         max_prompt_tokens: the longest central prompt; default: N x ``env``'s + :data:`FORMAT_TOKENS`.
         agent: the one agent's name.
+        prefill: the env writes the first role's opening tag at the start of each response (the model
+            continues it); off (the default): the model writes every tag, the reference's format.
 
     >>> import llm_envs
     >>> env = llm_envs.centralize(llm_envs.make("coding/humaneval-v0", max_new_tokens=64))
@@ -374,6 +394,7 @@ def centralize(env: Any, *, max_new_tokens: int | None = None, max_prompt_tokens
     wrapped = CentralizedEnv(
         env.task,
         agent=agent,
+        prefill=prefill,
         env_id=env.env_id,
         tokenizer=handle.spec if handle.spec is not None else handle.tokenizer,
         max_new_tokens=n * env.max_new_tokens if max_new_tokens is None else max_new_tokens,

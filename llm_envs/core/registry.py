@@ -123,7 +123,8 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
             ``transition``) and task arguments (``data_path``, ...), overriding the id's defaults.
             ``centralized=True`` gives the centralised env of a parallel id: one agent writes every role
             as tagged sections (:mod:`llm_envs.core.centralized`; ``max_new_tokens`` and
-            ``max_prompt_tokens`` are then the one agent's).
+            ``max_prompt_tokens`` are then the one agent's); with ``prefill=True`` as well, the env
+            writes the first role's opening tag at the start of the response (the model continues it).
 
     >>> import llm_envs
     >>> env = llm_envs.make("writing/xsum-v0")
@@ -138,6 +139,12 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
     centralized = env_kwargs.pop("centralized", False)
     if not isinstance(centralized, bool):
         raise ValueError(f"centralized must be True or False, got {centralized!r}.")
+    prefill = env_kwargs.pop("prefill", False)
+    if not isinstance(prefill, bool):
+        raise ValueError(f"prefill must be True or False, got {prefill!r}.")
+    if prefill and not centralized:
+        raise ValueError("prefill=True writes the first role's opening tag of a centralised response: it needs "
+                         "centralized=True.")
     task = s.task(**task_kwargs)
     chosen = s.protocol if protocol is None else protocol
     if chosen not in PROTOCOLS:
@@ -157,7 +164,7 @@ def make(env_id: str, *, protocol: str | None = None, **kwargs: Any) -> Any:
             )
         from llm_envs.core.centralized import CentralizedEnv
 
-        return CentralizedEnv(task, env_id=env_id, **env_kwargs)
+        return CentralizedEnv(task, env_id=env_id, prefill=prefill, **env_kwargs)
     if chosen == "parallel":
         from llm_envs.core.parallel import ParallelLLMEnv
 

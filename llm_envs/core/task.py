@@ -153,6 +153,12 @@ class Task:
         roles' answers applied; None (the default) draws nothing."""
         return None
 
+    def response_prefix(self, role: str) -> str:
+        """Text the env writes at the start of ``role``'s response, as the end of its prompt (after the
+        chat template's assistant header): the model continues it, and the task reads its response as
+        this prefix followed by what the model wrote. ``""`` (the default): none."""
+        return ""
+
     def check_split(self, split: str) -> str:
         if split not in SPLITS:
             raise ValueError(f"Unknown split {split!r}; expected one of {SPLITS}.")
