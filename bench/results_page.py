@@ -234,6 +234,14 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
         lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
                      f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} | "
                      f"{machine_label(r)} |")
+    machines = sorted({machine_label(r) for r in records})
+    if len(machines) == 1:
+        lines.append("")
+        lines.append(f"Every record of this table ran on one machine: {machines[0]}.")
+    elif machines:
+        lines.append("")
+        lines.append(f"**The records of this table ran on {len(machines)} machines** (their column above): "
+                     "a seed repeats on one kind of CPU, not across them.")
     missing = missing_records(out, comparison)
     lines.append("")
     if missing:

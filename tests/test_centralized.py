@@ -337,3 +337,41 @@ def test_cli_refuses_bad_combinations(argv, expected, capsys):
         cli(argv)
     err = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
     assert exit_info.value.code == 2 and len(err) == 1 and expected in err[0], err
+
+
+# ------------------------------------------------------------------------------------------ prefill
+def test_prefill_writes_the_first_tag_and_the_reward_reads_it():
+    """``prefill=True``: the prompt ends with ``<brief>`` after the chat template's assistant header, and
+    the response is read as that tag followed by what the model wrote."""
+    plain = llm_envs.make("writing/xsum-v0", centralized=True, max_source_words=30, max_new_tokens=64)
+    env = llm_envs.make("writing/xsum-v0", centralized=True, prefill=True, max_source_words=30, max_new_tokens=64)
+    obs, _ = env.reset(seed=0, options={"task_index": 3})
+    plain_obs, _ = plain.reset(seed=0, options={"task_index": 3})
+    tok = env.tokenizer
+    tag = tok("<brief>", add_special_tokens=False)["input_ids"]
+    ids, plain_ids = (o["central"]["observation"][o["central"]["attention_mask"] == 1].tolist()
+                      for o in (obs, plain_obs))
+    assert ids == plain_ids + tag  # the plain prompt (ending with the assistant header), then the tag
+    assert tok.decode(plain_ids).endswith("<|im_start|>assistant\n")
+    # The model's text starts inside the brief: the hand-worked case scores as the team's.
+    _, rewards, _, _, infos = env.step({"central": f"{BRIEF}</brief><detailed>{DETAILED}</detailed>"})
+    assert rewards["central"] == pytest.approx(DOC_TOTAL) and infos["central"]["reward_sections_found"] == 1.0
+    assert env.split("b") == {"brief": "b", "detailed": ""} and plain.split("b") == {"brief": "", "detailed": ""}
+    # The same text without the prefill finds no section: the reference's format.
+    plain.step({"central": f"{BRIEF}</brief><detailed>{DETAILED}</detailed>"})
+    assert plain.history[-1].reward == 0.0
+    wrapped = llm_envs.centralize(llm_envs.make("writing/xsum-v0", max_source_words=30), prefill=True)
+    assert wrapped.task.response_prefix("central") == "<brief>" and wrapped.task.prefill
+    report = check_env("writing/xsum-v0", centralized=True, prefill=True, max_source_words=30, max_new_tokens=8)
+    assert not report.failed
+
+
+def test_prefill_errors():
+    with pytest.raises(ValueError, match="prefill=True .* needs centralized=True"):
+        llm_envs.make("writing/xsum-v0", prefill=True)
+    with pytest.raises(ValueError, match="prefill must be True or False"):
+        llm_envs.make("writing/xsum-v0", centralized=True, prefill="yes")
+    from test_magrpo import tiny_config
+
+    with pytest.raises(ValueError, match="--prefill .* needs --centralized"):
+        tiny_config("unused", "unused", prefill=True)
