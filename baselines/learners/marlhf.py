@@ -60,14 +60,26 @@ class Config(PreferenceConfig):
 
     learner: ClassVar[str] = LEARNER
     resumable_fields: ClassVar[tuple[str, ...]] = PreferenceConfig.resumable_fields
-    rm_learning_rate: float = 1e-4
-    """AdamW learning rate of the reward model's adapter and head."""
-    rm_epochs: int = 2
-    """Offline: passes over the training pairs; iterative: updates on replayed batches per iteration."""
+    rm_learning_rate: float = 1e-3
+    """AdamW learning rate of the reward model's adapter and head (at 1e-4 the few dozen steps of an
+    offline fit hardly move the head off its random start)."""
+    rm_epochs: int = 4
+    """Offline: the most passes over the training pairs (the epoch of best validation accuracy is kept);
+    iterative: updates on replayed batches per iteration."""
     rm_batch_pairs: int = 8
     """Pairs per reward-model step."""
     rm_holdout: float = 0.2
-    """Offline: the fraction of pairs held out from the reward model's training to measure its accuracy."""
+    """Offline: the fraction of prompts whose pairs are held out from the reward model's training and from
+    choosing its epoch, to measure its accuracy (``pref/rm_heldout_accuracy``). Split by prompt: a held-out
+    pair never shares a candidate with a training pair."""
+    rm_validation: float = 0.2
+    """Offline: the fraction of prompts whose pairs choose the reward model's epoch (the best validation
+    accuracy of the ``rm_epochs`` passes, ``pref/rm_validation_accuracy``); 0: the last epoch is kept."""
+    rm_pooling: Literal["last", "mean"] = "mean"
+    """What the reward head reads: ``mean`` of its value over every position of the joint row (every agent's
+    prompt and response), or ``last``, the hidden state after the last token (the reference's). On
+    writing/xsum-v0 the last token carries next to nothing of the first agent's response (a linear head on
+    the frozen base's last-token state: 0.52 held-out accuracy; on the mean: 0.73)."""
     rl_learner: Literal["magrpo", "ppo", "maac"] = "magrpo"
     """The RL stage on the learned reward: ``magrpo`` (group-relative advantages over each prompt's
     ``num_candidates`` joint samples; offline or iterative), or, offline only, ``ppo`` (independent PPO
@@ -90,7 +102,12 @@ class Config(PreferenceConfig):
         super().__post_init__()
         check_ints(self, {"rm_epochs": 1, "rm_batch_pairs": 1, "num_epochs": 1})
         check_ranges(self, {"rm_learning_rate": (self.rm_learning_rate > 0, "> 0"),
-                            "rm_holdout": (0 <= self.rm_holdout < 1, "in [0, 1)")})
+                            "rm_holdout": (0 <= self.rm_holdout < 1, "in [0, 1)"),
+                            "rm_validation": (0 <= self.rm_validation < 1, "in [0, 1)")})
+        if self.rm_holdout + self.rm_validation >= 1:
+            raise ValueError(f"rm_holdout + rm_validation must leave prompts to train on, got {self.rm_holdout} + "
+                             f"{self.rm_validation}")
+        check_choice(self, "rm_pooling", ("last", "mean"))
         check_choice(self, "rl_learner", ("magrpo", "ppo", "maac"))
         if self.rl_args and self.rl_learner == "magrpo":
             raise ValueError("rl_args sets a PPO or MAAC stage's own settings; MAGRPO's are this run's flags")
@@ -128,27 +145,52 @@ def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tu
     return ids, mask
 
 
-def reward_scores(policy: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(N,) the reward model's score of each row (float32): its scalar head on the hidden state after the
-    last input token (:func:`baselines.rl.critic.critic_values` of the ``reward_model`` adapter)."""
-    return critic_values(policy, ids, mask, adapter=REWARD_MODEL).float()
+def pooled_inputs(ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Left-padded rows (N, L) as the scoring pass of every position's value reads them: each row's first
+    token as a one-column prompt, then the rest and a probe (the pad id) as a right-padded response, so
+    the value before response token t is the state after row token t (N, 1), (N, 1), (N, T), (N, T).
+
+    >>> ids, mask = torch.tensor([[0, 5, 6], [7, 8, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    >>> [t.tolist() for t in pooled_inputs(ids, mask, pad_id=0)]
+    [[[5], [7]], [[1], [1]], [[6, 0, 0], [8, 9, 0]], [[1, 1, 0], [1, 1, 1]]]
+    """
+    rows = [r[m.bool()] for r, m in zip(ids, mask)]
+    width = max(len(r) for r in rows)
+    r_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    r_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        r_ids[i, : len(r) - 1] = r[1:]
+        r_mask[i, : len(r)] = 1
+    first = torch.stack([r[:1] for r in rows])
+    return first, torch.ones_like(first), r_ids, r_mask
+
+
+def reward_scores(policy: Any, ids: torch.Tensor, mask: torch.Tensor, pooling: str = "mean") -> torch.Tensor:
+    """(N,) the reward model's score of each left-padded row (float32): its scalar head on the hidden
+    state after the last token (``last``: :func:`baselines.rl.critic.critic_values` of the ``reward_model``
+    adapter), or averaged over the states after every token of the row (``mean``)."""
+    if pooling == "last":
+        return critic_values(policy, ids, mask, adapter=REWARD_MODEL).float()
+    p_ids, p_mask, r_ids, r_mask = pooled_inputs(ids, mask, policy.pad_token_id_of(REWARD_MODEL))
+    values = policy.values(REWARD_MODEL, p_ids, p_mask, r_ids, r_mask).float()  # (N, T), 0 on pads
+    return values.sum(1) / r_mask.sum(1).to(values)
 
 
 @torch.no_grad()
-def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch: int) -> float:
+def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch: int, pooling: str = "mean") -> float:
     """The fraction of ``pairs`` whose winner the reward model scores higher (NaN without pairs)."""
     if not pairs:
         return float("nan")
     right = 0
     for start in range(0, len(pairs), batch):
         part = pairs[start:start + batch]
-        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)))
+        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
         right += int((s[: len(part)] > s[len(part):]).sum())
     return right / len(pairs)
 
 
 def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
-                      max_grad_norm: float) -> dict[str, float]:
+                      max_grad_norm: float, pooling: str = "mean") -> dict[str, float]:
     """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
     share and the gradients are summed); returns its loss and batch accuracy."""
     from baselines.infra import distributed
@@ -158,7 +200,7 @@ def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequ
     local = distributed.local_block(pairs)
     loss_sum, right = 0.0, 0.0
     if local:
-        s = reward_scores(policy, *pair_inputs(local, agents, policy.pad_token_id_of(REWARD_MODEL)))
+        s = reward_scores(policy, *pair_inputs(local, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
         n = len(local)
         loss = bradley_terry_loss(s[:n], s[n:]).sum() / total
         loss.backward()
@@ -180,27 +222,92 @@ def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequ
     return {"loss": loss_sum, "accuracy": right / total}
 
 
+def split_by_prompt(pairs: Sequence[Pair], fractions: Sequence[float],
+                    rng: np.random.Generator) -> list[list[Pair]]:
+    """Pairs split by their prompt (every agent's prompt tokens): ``round(f * prompts)`` shuffled prompts
+    for each fraction ``f``, in order, then the rest; a prompt's pairs stay together, so no pair of one
+    part shares a candidate with a pair of another. Parts keep the pairs' order.
+
+    >>> t = torch.tensor
+    >>> ps = [Pair({"a": t([p])}, {"a": t([1])}, {"a": t([2])}, 0, 1.0) for p in (7, 7, 8, 9, 9)]
+    >>> [[int(p.prompts["a"]) for p in part] for part in split_by_prompt(ps, [1 / 3], np.random.default_rng(0))]
+    [[9, 9], [7, 7, 8]]
+    """
+    keys: dict[tuple, int] = {}
+    of = [keys.setdefault(tuple(tuple(t.tolist()) for t in p.prompts.values()), len(keys)) for p in pairs]
+    order = rng.permutation(len(keys))
+    part_of = np.full(len(keys), len(fractions))
+    start = 0
+    for i, f in enumerate(fractions):
+        count = round(f * len(keys))
+        part_of[order[start:start + count]] = i
+        start += count
+    parts: list[list[Pair]] = [[] for _ in range(len(fractions) + 1)]
+    for p, k in zip(pairs, of):
+        parts[part_of[k]].append(p)
+    return parts
+
+
+def best_epoch(accuracies: Sequence[float]) -> int:
+    """The index of the highest validation accuracy, the earliest on ties (the fewer passes).
+
+    >>> best_epoch([0.5, 0.75, 0.75, 0.6])
+    1
+    """
+    return int(np.argmax(np.asarray(accuracies, dtype=np.float64)))
+
+
 def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
-                       config: Config, rng: np.random.Generator, epochs: int) -> dict[str, float]:
-    """``epochs`` shuffled passes over ``pairs`` in batches of ``rm_batch_pairs``."""
-    losses, accs = [], []
+                       config: Config, rng: np.random.Generator, epochs: int,
+                       validation: Sequence[Pair] = ()) -> dict[str, float]:
+    """``epochs`` shuffled passes over ``pairs`` in batches of ``rm_batch_pairs``; with ``validation``
+    pairs, the weights of the epoch that scores them best are kept (its accuracy in
+    ``pref/rm_validation_accuracy``, its number in ``pref/rm_epoch``)."""
+    losses, accs, val_accs, kept = [], [], [], None
+    params = policy.parameters(REWARD_MODEL)
     for _ in range(epochs):
         order = rng.permutation(len(pairs))
         for start in range(0, len(pairs), config.rm_batch_pairs):
             batch = [pairs[i] for i in order[start:start + config.rm_batch_pairs]]
-            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm)
+            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm, config.rm_pooling)
             losses.append(stats["loss"])
             accs.append(stats["accuracy"])
-    return {"losses/reward_model": float(np.mean(losses)), "pref/rm_train_accuracy": float(np.mean(accs))}
+        if validation:
+            val_accs.append(rm_accuracy(policy, validation, agents, config.rm_batch_pairs, config.rm_pooling))
+            if best_epoch(val_accs) == len(val_accs) - 1:
+                kept = [p.detach().clone() for p in params]
+    out = {"losses/reward_model": float(np.mean(losses)), "pref/rm_train_accuracy": float(np.mean(accs))}
+    if val_accs:
+        with torch.no_grad():
+            for p, v in zip(params, kept or []):
+                p.copy_(v)
+        out["pref/rm_validation_accuracy"] = max(val_accs)
+        out["pref/rm_epoch"] = float(best_epoch(val_accs) + 1)
+    return out
+
+
+def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair],
+                             agents: Sequence[str], config: Config, rng: np.random.Generator) -> dict[str, float]:
+    """The offline fit: the pairs split by prompt into held-out (``rm_holdout``), validation
+    (``rm_validation``) and training; the accuracy on the held-out pairs before and after training."""
+    test, validation, train = split_by_prompt(pairs, [config.rm_holdout, config.rm_validation], rng)
+    batch, pooling = config.rm_batch_pairs, config.rm_pooling
+    stats = {"pref/rm_accuracy_before": rm_accuracy(policy, test, agents, batch, pooling)}
+    stats.update(train_reward_model(policy, optimizer, train, agents, config, rng, config.rm_epochs, validation))
+    stats["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, batch, pooling)
+    stats.update({"pref/rm_pairs": float(len(train)), "pref/rm_validation_pairs": float(len(validation)),
+                  "pref/rm_heldout_pairs": float(len(test))})
+    return stats
 
 
 @torch.no_grad()
-def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch: int = 8) -> np.ndarray:
+def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch: int = 8,
+                    pooling: str = "mean") -> np.ndarray:
     """(rows,) the reward model's score of every joint candidate."""
     prompts = {a: (cands.gens[a].prompt_ids, cands.gens[a].prompt_mask) for a in agents}
     responses = {a: (cands.gens[a].response_ids, cands.gens[a].response_mask) for a in agents}
     ids, mask = critic_inputs(prompts, responses, agents, policy.pad_token_id_of(REWARD_MODEL))
-    out = [reward_scores(policy, ids[i:i + batch], mask[i:i + batch]) for i in range(0, len(ids), batch)]
+    out = [reward_scores(policy, ids[i:i + batch], mask[i:i + batch], pooling) for i in range(0, len(ids), batch)]
     return torch.cat(out).double().cpu().numpy()
 
 
@@ -344,15 +451,9 @@ def two_stage(config: Config) -> dict[str, Any]:
         buffer.add(0, pairs)
         if run.main:
             buffer.save_iteration(preference_dir(run), 0)
-        held = round(config.rm_holdout * len(pairs))
-        order = run.rng.permutation(len(pairs))
-        train, test = [pairs[i] for i in order[held:]], [pairs[i] for i in order[:held]]
         optimizer = policy.optimizer(REWARD_MODEL, lr=config.rm_learning_rate)
         policy.train()
-        stats["pref/rm_accuracy_before"] = rm_accuracy(policy, test, agents, config.rm_batch_pairs)
-        stats.update(train_reward_model(policy, optimizer, train, agents, config, run.rng, config.rm_epochs))
-        stats["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, config.rm_batch_pairs)
-        stats["pref/rm_pairs"] = float(len(train))
+        stats.update(fit_offline_reward_model(policy, optimizer, pairs, agents, config, run.rng))
         stats = {k: v for k, v in stats.items() if math.isfinite(v)}
         del optimizer
         if run.main:
@@ -368,7 +469,7 @@ def two_stage(config: Config) -> dict[str, Any]:
     def scorer(prompts: Mapping[str, Any], responses: Mapping[str, Any]) -> np.ndarray:
         ids, mask = critic_inputs(prompts, responses, list(prompts), policy.pad_token_id_of(REWARD_MODEL))
         with torch.no_grad():
-            out = [reward_scores(policy, ids[i:i + 8], mask[i:i + 8]) for i in range(0, len(ids), 8)]
+            out = [reward_scores(policy, ids[i:i + 8], mask[i:i + 8], config.rm_pooling) for i in range(0, len(ids), 8)]
         return torch.cat(out).double().cpu().numpy()
 
     learner, settings = rl_config(config)
@@ -406,15 +507,8 @@ def main(config: Config) -> dict[str, Any]:
             buffer.add(0, pairs)
             if run.main:
                 buffer.save_iteration(preference_dir(run), 0)
-            held = round(config.rm_holdout * len(pairs))
-            order = run.rng.permutation(len(pairs))
-            train = [pairs[i] for i in order[held:]]
-            test = [pairs[i] for i in order[:held]]
-            collected["pref/rm_accuracy_before"] = rm_accuracy(policy, test, agents, rm_batch)
-            collected.update(train_reward_model(policy, optimizers[REWARD_MODEL], train, agents, config, run.rng,
-                                                config.rm_epochs))
-            collected["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, rm_batch)
-            collected["pref/rm_pairs"] = float(len(train))
+            collected.update(fit_offline_reward_model(policy, optimizers[REWARD_MODEL], pairs, agents, config,
+                                                      run.rng))
             run.extra["collected"] = {k: v for k, v in collected.items() if math.isfinite(v)}
             run.state = run.boundary(run.start_step)  # the trained reward model is the new boundary
         for iteration in run.iterations():
@@ -424,7 +518,8 @@ def main(config: Config) -> dict[str, Any]:
                 # New pairs: the reward model's accuracy on them before it learns them, then its update.
                 problems, pairs, metrics, cands = iterative_pairs(team, run, config, iteration)
                 if pairs:  # nothing to measure without new pairs: the metric is left out, never NaN
-                    metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch)
+                    metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch,
+                                                                      config.rm_pooling)
                 buffer.add(iteration, pairs)
                 rm = {"losses/reward_model": [], "pref/rm_train_accuracy": []}
                 for _ in range(config.rm_epochs):
@@ -432,7 +527,7 @@ def main(config: Config) -> dict[str, Any]:
                                         config.replay_lambda)
                     if batch:
                         stats = reward_model_step(policy, optimizers[REWARD_MODEL], batch, agents,
-                                                  config.max_grad_norm)
+                                                  config.max_grad_norm, config.rm_pooling)
                         rm["losses/reward_model"].append(stats["loss"])
                         rm["pref/rm_train_accuracy"].append(stats["accuracy"])
                 metrics.update({k: float(np.mean(v)) for k, v in rm.items() if v})
@@ -443,7 +538,7 @@ def main(config: Config) -> dict[str, Any]:
                 metrics.update(reward_metrics(distributed.gather_rows(dict(cands.infos[agents[0]]))))
             t_sample = time.perf_counter() - t0
             # RL on the learned reward: MAGRPO's group-relative update of every agent.
-            learned = learned_rewards(policy, cands, agents)
+            learned = learned_rewards(policy, cands, agents, pooling=config.rm_pooling)
             if config.kl_coef > 0 and config.kl_in == "reward":
                 learned = learned - config.kl_coef * candidate_kl(policy, cands, config)
             rewards = torch.tensor(learned, dtype=torch.float32).view(-1, config.num_candidates)

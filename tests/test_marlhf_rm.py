@@ -1,0 +1,140 @@
+"""MARLHF's reward model: the split by prompt, the epoch chosen on validation pairs, the mean-pooled score."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from baselines.learners import marlhf
+from baselines.rl.preference import Pair
+
+
+def pair(prompt: int, winner: int = 1, loser: int = 2) -> Pair:
+    t = torch.tensor
+    return Pair({"a": t([prompt, prompt]), "b": t([prompt + 100])}, {"a": t([winner]), "b": t([winner])},
+                {"a": t([loser]), "b": t([loser])}, 0, 1.0)
+
+
+# ----------------------------------------------------------------------------------------- the split
+def test_split_by_prompt_keeps_each_prompts_pairs_in_one_part():
+    pairs = [pair(p, w) for p in range(10) for w in range(3)]  # 10 prompts x 3 pairs
+    test, val, train = marlhf.split_by_prompt(pairs, [0.2, 0.3], np.random.default_rng(1))
+    prompts = [{int(p.prompts["a"][0]) for p in part} for part in (test, val, train)]
+    assert [len(s) for s in prompts] == [2, 3, 5]  # round(0.2 * 10), round(0.3 * 10), the rest
+    assert [len(part) for part in (test, val, train)] == [6, 9, 15]  # all 3 pairs of each prompt
+    assert prompts[0].isdisjoint(prompts[1]) and prompts[0].isdisjoint(prompts[2]) and prompts[1].isdisjoint(prompts[2])
+    # Every pair lands in exactly one part, in the order given.
+    assert sorted(id(p) for part in (test, val, train) for p in part) == sorted(id(p) for p in pairs)
+    position = {id(p): i for i, p in enumerate(pairs)}
+    assert [position[id(p)] for p in train] == sorted(position[id(p)] for p in train)
+
+
+def test_split_by_prompt_tells_prompts_apart_by_every_agents_prompt():
+    t = torch.tensor
+    same_a = [Pair({"a": t([1]), "b": t([b])}, {"a": t([5]), "b": t([5])}, {"a": t([6]), "b": t([6])}, 0, 1.0)
+              for b in (2, 3)]  # the same first prompt, different second prompts: two prompts
+    held, rest = marlhf.split_by_prompt(same_a, [0.5], np.random.default_rng(0))
+    assert len(held) == 1 and len(rest) == 1
+
+
+# ----------------------------------------------------------------------------------------- the epoch
+def test_best_epoch_takes_the_highest_accuracy_and_the_earliest_of_ties():
+    assert marlhf.best_epoch([0.5, 0.8, 0.6]) == 1
+    assert marlhf.best_epoch([0.7, 0.6, 0.7]) == 0
+    assert marlhf.best_epoch([0.2]) == 0
+
+
+class _OneWeight:
+    """A stand-in policy whose reward model is one weight."""
+
+    def __init__(self) -> None:
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def parameters(self, agent: str) -> list[torch.nn.Parameter]:
+        assert agent == marlhf.REWARD_MODEL
+        return [self.weight]
+
+
+def test_training_keeps_the_weights_of_the_best_validation_epoch(monkeypatch):
+    """Every step adds 1 to the weight; the validation accuracies of the 4 epochs are scripted: the
+    weights after the second epoch (the best, 0.8) are the ones kept, not the last epoch's."""
+    policy = _OneWeight()
+    steps_per_epoch = 2  # 3 pairs in batches of 2
+
+    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling):
+        with torch.no_grad():
+            policy_.weight += 1
+        return {"loss": 0.5, "accuracy": 1.0}
+
+    scripted = iter([0.5, 0.8, 0.6, 0.8])
+    seen: list[float] = []
+
+    def accuracy(policy_, pairs, agents, batch, pooling):
+        assert len(pairs) == 1  # the validation pairs, never the training ones
+        seen.append(float(policy_.weight.detach()))
+        return next(scripted)
+
+    monkeypatch.setattr(marlhf, "reward_model_step", step)
+    monkeypatch.setattr(marlhf, "rm_accuracy", accuracy)
+    config = marlhf.Config(rm_batch_pairs=2)
+    stats = marlhf.train_reward_model(policy, None, [pair(1), pair(2), pair(3)], ["a", "b"], config,
+                                      np.random.default_rng(0), epochs=4, validation=[pair(9)])
+    assert seen == [2.0, 4.0, 6.0, 8.0]
+    assert float(policy.weight.detach()) == 2 * steps_per_epoch
+    assert stats["pref/rm_epoch"] == 2.0 and stats["pref/rm_validation_accuracy"] == 0.8
+
+
+def test_without_validation_pairs_the_last_epoch_is_kept(monkeypatch):
+    policy = _OneWeight()
+
+    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling):
+        with torch.no_grad():
+            policy_.weight += 1
+        return {"loss": 0.5, "accuracy": 1.0}
+
+    monkeypatch.setattr(marlhf, "reward_model_step", step)
+    stats = marlhf.train_reward_model(policy, None, [pair(1), pair(2)], ["a", "b"], marlhf.Config(rm_batch_pairs=2),
+                                      np.random.default_rng(0), epochs=3)
+    assert float(policy.weight.detach()) == 3.0 and "pref/rm_epoch" not in stats
+
+
+def test_config_refuses_splits_that_leave_nothing_to_train_on():
+    with pytest.raises(ValueError, match="rm_holdout \\+ rm_validation"):
+        marlhf.Config(rm_holdout=0.5, rm_validation=0.5)
+    with pytest.raises(ValueError, match="rm_pooling"):
+        marlhf.Config(rm_pooling="max")
+
+
+# ----------------------------------------------------------------------------------------- the score
+@pytest.mark.parametrize("share_prompts", [True, False])
+def test_mean_pooled_score_is_the_mean_of_the_last_token_scores_of_every_prefix(tiny_model_dir, share_prompts):
+    """The mean-pooled score of a row is the average of the head's value after each of its tokens:
+    the last-token score of each of its prefixes, computed one prefix at a time."""
+    from agents import LoraSettings, MultiAgentPolicy
+
+    torch.manual_seed(0)
+    policy = MultiAgentPolicy.from_pretrained(["writer", marlhf.REWARD_MODEL], tiny_model_dir, value_head=True,
+                                              lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
+                                              share_prompts=share_prompts)
+    with torch.no_grad():  # an adapter and a head that are not the identity / zero
+        for p in policy.parameters(marlhf.REWARD_MODEL):
+            p.normal_(0, 0.05)
+    pad = policy.pad_token_id_of(marlhf.REWARD_MODEL)
+    rows = [torch.tensor([501, 502, 503, 504, 505]), torch.tensor([601, 602, 603]), torch.tensor([501, 700])]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    with torch.no_grad():
+        pooled = marlhf.reward_scores(policy, ids, mask, "mean")
+        expected = []
+        for r in rows:
+            prefixes = [marlhf.reward_scores(policy, r[None, :k], torch.ones(1, k, dtype=torch.long), "last")
+                        for k in range(1, len(r) + 1)]
+            expected.append(torch.cat(prefixes).mean())
+    assert torch.allclose(pooled, torch.stack(expected), atol=2e-2), (pooled, expected)
+    # Not the last token's score alone (the rows' prefixes score differently).
+    last = marlhf.reward_scores(policy, ids, mask, "last")
+    assert not torch.allclose(pooled, last, atol=1e-3)
