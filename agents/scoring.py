@@ -39,9 +39,11 @@ class ScoringMixin:
         value_agent: str | None,
         temperature: float = 1.0,
         with_reference: bool = False,
+        with_logprobs: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, T) log-probs under ``adapter`` (``None``: the base), values from ``value_agent``'s head and,
-        with ``with_reference``, the base's log-probs too (one forward of both row blocks when fused)."""
+        with ``with_reference``, the base's log-probs too (one forward of both row blocks when fused).
+        Without ``with_logprobs`` (values only) the fused path skips the LM head (zeros in their place)."""
         width, length = p_ids.shape[1], r_ids.shape[1]
         if length == 0:
             empty = r_ids.new_zeros(r_ids.shape, dtype=torch.float32)
@@ -81,6 +83,10 @@ class ScoringMixin:
                     input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing,
                     keep_mb=self.activation_budget_mb,
                 )
+            if not with_logprobs and not with_reference and value_agent is not None:
+                assert self.value_heads is not None
+                values = self.value_heads[value_agent](hidden[:rows].float()).squeeze(-1).masked_fill(r_mask == 0, 0.0)
+                return torch.zeros_like(values), values, None
             head = group.causal_lm.lm_head
             targets = r_ids.repeat(len(blocks), 1)
             count = group.token_count  # the head's rows beyond the tokenizer are masked, as in sampling
@@ -190,12 +196,19 @@ class ScoringMixin:
         self._check_agent(agent)
         if with_values and self.value_heads is None:
             raise ValueError("with_values=True needs a policy built with value_head=True")
+        return self._forward(agent, prompt_ids, prompt_mask, response_ids, response_mask, with_values=with_values,
+                             temperature=temperature)
+
+    def _forward(self, agent: str, prompt_ids: ArrayLike, prompt_mask: ArrayLike, response_ids: ArrayLike,
+                 response_mask: ArrayLike, *, with_values: bool, temperature: float,
+                 with_logprobs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         group = self._group_of[agent]
         tensors = self._pair(group, prompt_ids, prompt_mask, response_ids, response_mask)
         # A pass without gradients scores (old log-probs, values): no dropout, whatever the mode.
         with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
             logprobs, values, _ = self._score(
-                group, *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature
+                group, *tensors, adapter=agent, value_agent=agent if with_values else None, temperature=temperature,
+                with_logprobs=with_logprobs,
             )
         return logprobs, values
 
@@ -222,8 +235,12 @@ class ScoringMixin:
         response_mask: ArrayLike,
     ) -> torch.Tensor:
         """(B, T) value of the state before each response token under ``agent``; 0 on pads. Differentiable
-        (value head and adapter)."""
-        return self.forward(agent, prompt_ids, prompt_mask, response_ids, response_mask, with_values=True)[1]
+        (value head and adapter). The LM head is not run (no log-probs) where the fused path scores."""
+        self._check_agent(agent)
+        if self.value_heads is None:
+            raise ValueError("values() needs a policy built with value_head=True")
+        return self._forward(agent, prompt_ids, prompt_mask, response_ids, response_mask, with_values=True,
+                             temperature=1.0, with_logprobs=False)[1]
 
     @torch.no_grad()
     def ref_logprobs(

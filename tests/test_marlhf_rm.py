@@ -62,7 +62,7 @@ def test_training_keeps_the_weights_of_the_best_validation_epoch(monkeypatch):
     policy = _OneWeight()
     steps_per_epoch = 2  # 3 pairs in batches of 2
 
-    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling):
+    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling, micro_pairs):
         with torch.no_grad():
             policy_.weight += 1
         return {"loss": 0.5, "accuracy": 1.0}
@@ -88,7 +88,7 @@ def test_training_keeps_the_weights_of_the_best_validation_epoch(monkeypatch):
 def test_without_validation_pairs_the_last_epoch_is_kept(monkeypatch):
     policy = _OneWeight()
 
-    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling):
+    def step(policy_, optimizer, batch, agents, max_grad_norm, pooling, micro_pairs):
         with torch.no_grad():
             policy_.weight += 1
         return {"loss": 0.5, "accuracy": 1.0}
@@ -138,3 +138,35 @@ def test_mean_pooled_score_is_the_mean_of_the_last_token_scores_of_every_prefix(
     # Not the last token's score alone (the rows' prefixes score differently).
     last = marlhf.reward_scores(policy, ids, mask, "last")
     assert not torch.allclose(pooled, last, atol=1e-3)
+
+
+def test_a_step_in_micro_batches_equals_the_whole_batch(tiny_model_dir):
+    """``rm_micro_pairs``: the step's gradient accumulated over passes of 1 pair equals one pass of all 3
+    pairs (float32: the same sums in another order, far below the step), so the memory peak shrinks and
+    the step does not change."""
+    from agents import LoraSettings, MultiAgentPolicy
+    from baselines.rl.preference import Pair
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(500, 900, (n,), generator=g) for n in (3, 5, 2, 4, 6, 3, 2, 5, 4)]
+    pairs = [Pair({"writer": rows[i]}, {"writer": rows[i + 1]}, {"writer": rows[i + 2]}, 0, 1.0) for i in (0, 3, 6)]
+    after = []
+    for micro in (1, 3):
+        torch.manual_seed(0)
+        policy = MultiAgentPolicy.from_pretrained(["writer", marlhf.REWARD_MODEL], tiny_model_dir, value_head=True,
+                                                  lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
+                                                  dtype=torch.float32)  # bf16 rounds each pass's widths apart
+        with torch.no_grad():
+            for p in policy.parameters(marlhf.REWARD_MODEL):
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+        start = [p.detach().clone() for p in policy.parameters(marlhf.REWARD_MODEL)]
+        optimizer = torch.optim.SGD(policy.parameters(marlhf.REWARD_MODEL), lr=1.0)
+        stats = marlhf.reward_model_step(policy, optimizer, pairs, ["writer"], 0.0, "mean", micro_pairs=micro)
+        after.append(([p.detach().clone() for p in policy.parameters(marlhf.REWARD_MODEL)], stats))
+    (one, one_stats), (whole, whole_stats) = after
+    assert one_stats["accuracy"] == whole_stats["accuracy"]
+    assert one_stats["loss"] == pytest.approx(whole_stats["loss"], rel=1e-5)
+    moved = max(float((w - p0).abs().max()) for w, p0 in zip(whole, start))
+    assert moved > 1e-3  # the step moved the weights; both ways moved them alike
+    for a, b in zip(one, whole):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)  # float32 sums reordered: ~1e-7 x |grad|

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from agents.memory import release_memory
 from baselines.infra import distributed
 from baselines.infra.config import check_choice, check_ints, check_ranges, preset
 from baselines.infra.metrics import reward_metrics
@@ -68,6 +69,9 @@ class Config(PreferenceConfig):
     iterative: updates on replayed batches per iteration."""
     rm_batch_pairs: int = 8
     """Pairs per reward-model step."""
+    rm_micro_pairs: int = 2
+    """Pairs per forward and backward of a reward-model step (gradient accumulation: the same step up to
+    rounding); the step's activations, the run's memory peak, scale with it."""
     rm_holdout: float = 0.2
     """Offline: the fraction of prompts whose pairs are held out from the reward model's training and from
     choosing its epoch, to measure its accuracy (``pref/rm_heldout_accuracy``). Split by prompt: a held-out
@@ -100,7 +104,7 @@ class Config(PreferenceConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_ints(self, {"rm_epochs": 1, "rm_batch_pairs": 1, "num_epochs": 1})
+        check_ints(self, {"rm_epochs": 1, "rm_batch_pairs": 1, "rm_micro_pairs": 1, "num_epochs": 1})
         check_ranges(self, {"rm_learning_rate": (self.rm_learning_rate > 0, "> 0"),
                             "rm_holdout": (0 <= self.rm_holdout < 1, "in [0, 1)"),
                             "rm_validation": (0 <= self.rm_validation < 1, "in [0, 1)")})
@@ -190,21 +194,25 @@ def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch
 
 
 def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
-                      max_grad_norm: float, pooling: str = "mean") -> dict[str, float]:
+                      max_grad_norm: float, pooling: str = "mean", micro_pairs: int = 2) -> dict[str, float]:
     """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
-    share and the gradients are summed); returns its loss and batch accuracy."""
+    share and the gradients are summed), ``micro_pairs`` pairs a forward and backward (the same gradient
+    up to rounding, the activations of 2 x ``micro_pairs`` rows at a time: the step's memory peak);
+    returns its loss and batch accuracy."""
     from baselines.infra import distributed
 
     optimizer.zero_grad(set_to_none=True)
     total = len(pairs)
     local = distributed.local_block(pairs)
     loss_sum, right = 0.0, 0.0
-    if local:
-        s = reward_scores(policy, *pair_inputs(local, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
-        n = len(local)
+    for start in range(0, len(local), max(1, micro_pairs)):
+        part = local[start:start + max(1, micro_pairs)]
+        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
+        n = len(part)
         loss = bradley_terry_loss(s[:n], s[n:]).sum() / total
         loss.backward()
-        loss_sum, right = float(loss.detach()), float((s[:n] > s[n:]).float().sum())
+        loss_sum += float(loss.detach())
+        right += float((s[:n] > s[n:]).float().sum())
     if distributed.world_size() > 1:
         loss_sum, right = distributed.all_sum([loss_sum, right])
     params = policy.parameters(REWARD_MODEL)
@@ -269,7 +277,8 @@ def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Seq
         order = rng.permutation(len(pairs))
         for start in range(0, len(pairs), config.rm_batch_pairs):
             batch = [pairs[i] for i in order[start:start + config.rm_batch_pairs]]
-            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm, config.rm_pooling)
+            stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm, config.rm_pooling,
+                                      config.rm_micro_pairs)
             losses.append(stats["loss"])
             accs.append(stats["accuracy"])
         if validation:
@@ -297,6 +306,7 @@ def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pair
     stats["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, batch, pooling)
     stats.update({"pref/rm_pairs": float(len(train)), "pref/rm_validation_pairs": float(len(validation)),
                   "pref/rm_heldout_pairs": float(len(test))})
+    release_memory()  # the fit's freed activations go back to the OS before the RL stage's rollouts
     return stats
 
 
@@ -527,7 +537,7 @@ def main(config: Config) -> dict[str, Any]:
                                         config.replay_lambda)
                     if batch:
                         stats = reward_model_step(policy, optimizers[REWARD_MODEL], batch, agents,
-                                                  config.max_grad_norm, config.rm_pooling)
+                                                  config.max_grad_norm, config.rm_pooling, config.rm_micro_pairs)
                         rm["losses/reward_model"].append(stats["loss"])
                         rm["pref/rm_train_accuracy"].append(stats["accuracy"])
                 metrics.update({k: float(np.mean(v)) for k, v in rm.items() if v})
