@@ -16,11 +16,13 @@ explicit :func:`release_memory` before each rollout bounds what the heap keeps.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ALLOCATOR_ENV = "LLM_ENVS_TUNE_MALLOC"
@@ -88,6 +90,27 @@ def tune_allocator(float32: bool = False) -> bool:
     if applied:
         _tuned.append(threshold)
     return applied
+
+
+@contextlib.contextmanager
+def mapped_large_blocks(threshold: int = FLOAT32_MMAP_THRESHOLD_BYTES) -> Iterator[None]:
+    """Within the block, blocks from ``threshold`` bytes up are mapped and handed back to the OS when
+    freed (not kept in the heap for reuse), after the free pages are returned first; on leaving, the
+    process's tuned threshold again. For a phase whose working set is larger than the run's steady one
+    (MARLHF's reward-model fit reads every agent's prompt and response in one row): its activations then
+    do not stay in the heap, and do not raise the run's peak. Does nothing where :func:`tune_allocator`
+    did not tune (off glibc, ``LLM_ENVS_TUNE_MALLOC=0``, the user's own ``MALLOC_*_`` variables)."""
+    libc = _libc()
+    if libc is None or not _tuned or _tuned[-1] <= threshold:
+        yield
+        return
+    release_memory()
+    libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, _tuned[-1])
+        release_memory()
 
 
 def release_memory() -> bool:
