@@ -375,3 +375,13 @@ def test_prefill_errors():
 
     with pytest.raises(ValueError, match="--prefill .* needs --centralized"):
         tiny_config("unused", "unused", prefill=True)
+    kwargs = tiny_config("unused", "unused", centralized=True, prefill=True).env_kwargs()
+    assert kwargs["centralized"] is True and kwargs["prefill"] is True
+    assert "prefill" not in tiny_config("unused", "unused", centralized=True).env_kwargs()
+
+
+def test_eval_cli_prefill_needs_centralized(capsys):
+    from baselines.infra.cli import main as cli
+
+    assert cli(["eval", "--env", "writing/xsum-v0", "--prefill", "--num-problems", "1"]) == 2
+    assert "--prefill needs --centralized" in capsys.readouterr().err

@@ -270,14 +270,20 @@ def test_sweep_chooses_each_rate_on_validation_and_seed_0_is_the_sweep_record(
     assert "MADPO, offline (40 prompts x 4 candidates) | 0.0001 |" in text
 
 
-def test_quick_sweep_record_of_the_prefilled_centralised_model(
-    results, tiny_model_dir, tmp_path, capsys, varied_writing_reward
-) -> None:
-    out, runs = tmp_path / "records", tmp_path / "runs"
-    name = results.sweep_name("centralized-prefill", results.SWEEP_RATES["centralized-prefill"][0])
-    argv = ["run", "sweep", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
-            "--threads", "1", "--methods", name]
-    assert results.main(argv) == 0
-    record = results.load_records(out, "sweep")[0]
-    assert "--centralized --prefill" in record["command"] and record["flags"]["max-new-tokens"] == 16
-    assert set(record["validation"]) >= {"total", "sections_found"} and math.isfinite(record["validation"]["total"])
+def test_sweep_commands() -> None:
+    """Every swept method at every rate: its own flags, the rate, the validation split; the centralised
+    rows twice the pair's tokens (the prefilled one with --prefill)."""
+    spec = importlib.util.spec_from_file_location("bench_results_records", ROOT / "bench" / "results_records.py")
+    records = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = records
+    spec.loader.exec_module(records)
+    names = [m.name for m in records.COMPARISONS["sweep"]]
+    assert len(names) == sum(len(r) for r in records.SWEEP_RATES.values()) == 15
+    for m in records.COMPARISONS["sweep"]:
+        argv = records.command_of(m, "sweep", 0, quick=False, runs_dir=Path("runs"), model=None, threads=1)
+        base, rate = m.name.split("@lr")
+        assert argv[:2] == ["train", records.method("methods", base).learner]
+        assert f"--learning-rate {float(rate)}" in " ".join(argv) and "--num-validation-problems 32" in " ".join(argv)
+    prefill = records.flags_of(records.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
+    assert prefill["centralized"] is True and prefill["prefill"] is True and prefill["max-new-tokens"] == 96
+    assert records.method("methods", "centralized").flags.get("prefill") is None
