@@ -315,11 +315,14 @@ def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pair
 @torch.no_grad()
 def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch: int = 8,
                     pooling: str = "mean") -> np.ndarray:
-    """(rows,) the reward model's score of every joint candidate."""
+    """(rows,) the reward model's score of every joint candidate (its long joint rows' blocks handed back
+    when freed, as in the fit: the RL stage's resting memory does not grow with them)."""
     prompts = {a: (cands.gens[a].prompt_ids, cands.gens[a].prompt_mask) for a in agents}
     responses = {a: (cands.gens[a].response_ids, cands.gens[a].response_mask) for a in agents}
     ids, mask = critic_inputs(prompts, responses, agents, policy.pad_token_id_of(REWARD_MODEL))
-    out = [reward_scores(policy, ids[i:i + batch], mask[i:i + batch], pooling) for i in range(0, len(ids), batch)]
+    with mapped_large_blocks():
+        out = [reward_scores(policy, ids[i:i + batch], mask[i:i + batch], pooling)
+               for i in range(0, len(ids), batch)]
     return torch.cat(out).double().cpu().numpy()
 
 
