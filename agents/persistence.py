@@ -90,9 +90,17 @@ class PersistenceMixin:
         os.replace(tmp, root / MANIFEST_NAME)
         return root
 
-    def load(self, directory: str | os.PathLike[str]) -> None:
+    def describe_agents(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Each agent's base, tokenizer and adapter settings, as :meth:`save` records them (``agents``:
+        only these)."""
+        team = self._manifest()["team"]
+        return {a: team[a] for a in (self.agents if agents is None else agents)}
+
+    def load(self, directory: str | os.PathLike[str], agents: Sequence[str] | None = None) -> None:
         """Load a :meth:`save` directory into this policy. Everything is read and checked (agent names,
-        mode, LoRA settings, base model, tensor names and shapes) before any weight changes."""
+        mode, LoRA settings, base model, tensor names and shapes) before any weight changes.
+        ``agents``: only these agents' files are read (the directory must hold them: a :meth:`save` of
+        ``state(agents)``), and only their records checked; the other agents keep their weights."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -107,15 +115,22 @@ class PersistenceMixin:
         if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{manifest_path} is not a {CHECKPOINT_FORMAT} manifest: {manifest!r:.200}")
         ours = self._manifest()
-        if sorted(manifest.get("agents", [])) != sorted(self.agents):
-            raise ValueError(
-                f"checkpoint {str(root)!r} holds agents {manifest.get('agents')}, this policy has {list(self.agents)}"
-            )
+        subset = agents is not None
+        wanted = list(self.agents) if agents is None else list(dict.fromkeys(agents))
+        for agent in wanted:
+            self._check_agent(agent)
+        held = manifest.get("agents", [])
+        if (subset and not set(wanted) <= set(held)) or (not subset and sorted(held) != sorted(self.agents)):
+            raise ValueError(f"checkpoint {str(root)!r} holds agents {held}, this policy "
+                             f"{'loads' if subset else 'has'} {wanted}")
         team = manifest.get("team")
+        if subset and not isinstance(team, dict):
+            raise ValueError(f"checkpoint {str(root)!r} records no per-agent bases: load it whole")
         if isinstance(team, dict):  # each agent's base and tokenizer, named in the error
-            for agent in self.agents:
+            for agent in wanted:
                 check_agent_record(root, agent, team.get(agent), ours["team"][agent])
-        for key in ("mode", "lora", "value_head", "base_model"):
+        # The policy-wide records; loading some agents, their per-agent records above are what matters.
+        for key in () if subset else ("mode", "lora", "value_head", "base_model"):
             theirs, mine = manifest.get(key), ours[key]
             if key == "base_model" and (theirs is None or mine is None) and isinstance(team, dict):
                 continue  # a team: compared agent by agent above
@@ -126,8 +141,11 @@ class PersistenceMixin:
             if theirs != mine:
                 raise ValueError(f"checkpoint {str(root)!r} has {key}={theirs!r}, this policy has {key}={mine!r}")
 
+        if subset and bool(manifest.get("value_head")) != (self.value_heads is not None):
+            raise ValueError(f"checkpoint {str(root)!r} has value_head={manifest.get('value_head')!r}, this policy "
+                             f"has value_head={self.value_heads is not None!r}")
         staged: dict[str, tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]] = {}
-        for agent in self.agents:
+        for agent in wanted:
             parts = []
             for kind, expected in (
                 ("adapter", self._agent_state(agent)),

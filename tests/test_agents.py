@@ -251,6 +251,31 @@ def test_save_load_round_trip(tokenizer, tmp_path):
                 torch.testing.assert_close(getattr(fresh, method)(agent, p_ids, p_mask, r_ids, r_mask), expected)
 
 
+def test_loading_some_agents_changes_only_theirs(tokenizer, tmp_path):
+    policy = make_policy(tokenizer, value_head=True)
+    one, other = AGENTS[0], AGENTS[1]
+    policy.save(tmp_path / "one", policy.state([one]))  # a file for `one` only; the manifest names everyone
+    fresh = make_policy(tokenizer, adapter_seed=7, value_head=True)
+    kept = {k: v.clone() for k, v in fresh.state([other])[f"{other}.adapter.safetensors"].items()}
+    fresh.load(tmp_path / "one", agents=[one])
+    p_ids, p_mask, r_ids, r_mask = batch(tokenizer)
+    with torch.no_grad():
+        for method in ("logprobs", "values"):
+            expected = getattr(policy, method)(one, p_ids, p_mask, r_ids, r_mask)
+            torch.testing.assert_close(getattr(fresh, method)(one, p_ids, p_mask, r_ids, r_mask), expected)
+    for k, v in fresh.state([other])[f"{other}.adapter.safetensors"].items():
+        assert torch.equal(v, kept[k]), k  # the other agent keeps its weights
+    with pytest.raises(FileNotFoundError, match="is missing"):  # loading it whole needs every agent's file
+        fresh.load(tmp_path / "one")
+    with pytest.raises(KeyError, match="unknown agent"):
+        fresh.load(tmp_path / "one", agents=["nobody"])
+    with pytest.raises(ValueError, match="value_head"):
+        make_policy(tokenizer).load(tmp_path / "one", agents=[one])
+    solo = make_policy(tokenizer, agents=[one], value_head=True)  # fewer agents than the file: fine for a subset
+    solo.load(tmp_path / "one", agents=[one])
+    assert policy.describe_agents([one]) == solo.describe_agents()
+
+
 def test_full_finetuning_save_load(tokenizer, tmp_path):
     policy = MultiAgentPolicy(tiny_model(tokenizer, 1), tokenizer, ["solo"], lora=None)
     policy.save(tmp_path)

@@ -284,6 +284,8 @@ def test_sweep_commands() -> None:
         base, rate = m.name.split("@lr")
         assert argv[:2] == ["train", records.method("methods", base).learner]
         assert f"--learning-rate {float(rate)}" in " ".join(argv) and "--num-validation-problems 32" in " ".join(argv)
+        # MARLHF's rates share their seed's reward-model fit (--rm-cache; the fit reads no RL setting).
+        assert ("--rm-cache" in argv) == (base == "marlhf"), m.name
     prefill = records.flags_of(records.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
     assert prefill["centralized"] is True and prefill["prefill"] is True and prefill["max-new-tokens"] == 96
     assert records.method("methods", "centralized").flags.get("prefill") is None

@@ -153,16 +153,12 @@ def save_checkpoint(
     try:
         policy.save(tmp / "policy", state.policy)
         torch.save(state.optimizers, tmp / "optimizers.pt")
-        rng = state.rng
-        torch.save({k: v for k, v in rng.items() if k in ("torch", "cuda")}, tmp / "rng.pt")
         trainer = {
             "format": CHECKPOINT_FORMAT,
             "learner": learner,
             "step": state.step,
             "config": config_dict(config),
-            "numpy_generator": rng["numpy_generator"],
-            "numpy_global": _numpy_global_to_json(rng["numpy_global"]),
-            "python": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
+            **write_rng(state.rng, tmp / "rng.pt"),
             "extra": dict(state.extra),
         }
         (tmp / TRAINER_FILE).write_text(json.dumps(trainer, indent=1), encoding="utf-8")
@@ -211,6 +207,29 @@ def saved_steps(run_dir: str | os.PathLike[str]) -> list[int]:
         if (path / TRAINER_FILE).is_file() and path.name[len("step_") :].isdigit():
             steps.append(int(path.name[len("step_") :]))
     return sorted(steps)
+
+
+def write_rng(rng: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """Write the tensor part of an :func:`baselines.infra.rng.rng_state` to ``path`` (``torch.save``);
+    returns the rest as JSON (numpy's and python's generators), for :func:`rng_from`."""
+    torch.save({k: v for k, v in rng.items() if k in ("torch", "cuda")}, path)
+    return {
+        "numpy_generator": rng["numpy_generator"],
+        "numpy_global": _numpy_global_to_json(rng["numpy_global"]),
+        "python": [rng["python"][0], list(rng["python"][1]), rng["python"][2]],
+    }
+
+
+def rng_from(tensors: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """The :func:`baselines.infra.rng.rng_state` that :func:`write_rng` wrote: its file's ``tensors``
+    (``torch.load``) and its JSON ``record``."""
+    python = record["python"]
+    return {
+        **tensors,
+        "numpy_generator": record["numpy_generator"],
+        "numpy_global": _numpy_global_from_json(record["numpy_global"]),
+        "python": (python[0], tuple(python[1]), python[2]),
+    }
 
 
 def _numpy_global_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
@@ -304,16 +323,7 @@ def load_checkpoint(
             opt.load_state_dict(saved_opts[agent])
         except (ValueError, KeyError) as err:
             raise CheckpointError(f"optimizer state of agent {agent!r} in {directory} does not fit: {err}") from err
-    python = trainer["python"]
-    set_rng_state(
-        {
-            **tensors["rng.pt"],
-            "numpy_generator": trainer["numpy_generator"],
-            "numpy_global": _numpy_global_from_json(trainer["numpy_global"]),
-            "python": (python[0], tuple(python[1]), python[2]),
-        },
-        rng,
-    )
+    set_rng_state(rng_from(tensors["rng.pt"], trainer), rng)
     return trainer
 
 

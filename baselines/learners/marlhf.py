@@ -23,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -84,6 +86,12 @@ class Config(PreferenceConfig):
     prompt and response), or ``last``, the hidden state after the last token (the reference's). On
     writing/xsum-v0 the last token carries next to nothing of the first agent's response (a linear head on
     the frozen base's last-token state: 0.52 held-out accuracy; on the mean: 0.73)."""
+    rm_cache: str | None = None
+    """Offline: a directory of fitted reward models shared between runs. A run whose fit would be the same
+    (every setting outside :data:`RL_STAGE_FIELDS`, the models, dtype, device, CPU kernels and code: the
+    entry's key) loads the entry's pairs, reward model, fit metrics and random state instead of collecting
+    and fitting, and then runs exactly as the run that wrote it; a run without an entry writes one. A
+    learning-rate sweep of the RL stage fits once."""
     rl_learner: Literal["magrpo", "ppo", "maac"] = "magrpo"
     """The RL stage on the learned reward: ``magrpo`` (group-relative advantages over each prompt's
     ``num_candidates`` joint samples; offline or iterative), or, offline only, ``ppo`` (independent PPO
@@ -115,6 +123,8 @@ class Config(PreferenceConfig):
         check_choice(self, "rl_learner", ("magrpo", "ppo", "maac"))
         if self.rl_args and self.rl_learner == "magrpo":
             raise ValueError("rl_args sets a PPO or MAAC stage's own settings; MAGRPO's are this run's flags")
+        if self.rm_cache is not None and self.iterative:
+            raise ValueError("rm_cache shares an offline fit; --iterative fits the reward model every iteration")
         if self.iterative and self.rl_learner != "magrpo":
             raise ValueError(f"rl_learner={self.rl_learner!r} runs after the reward model is trained (offline); "
                              "--iterative retrains it every iteration inside MAGRPO's loop: use rl_learner='magrpo'")
@@ -267,12 +277,16 @@ def best_epoch(accuracies: Sequence[float]) -> int:
 
 def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
                        config: Config, rng: np.random.Generator, epochs: int,
-                       validation: Sequence[Pair] = ()) -> dict[str, float]:
+                       validation: Sequence[Pair] = (), progress: bool = False) -> dict[str, float]:
     """``epochs`` shuffled passes over ``pairs`` in batches of ``rm_batch_pairs``; with ``validation``
     pairs, the weights of the epoch that scores them best are kept (its accuracy in
-    ``pref/rm_validation_accuracy``, its number in ``pref/rm_epoch``)."""
+    ``pref/rm_validation_accuracy``, its number in ``pref/rm_epoch``). ``progress``: a bar over the steps."""
+    from tqdm.auto import tqdm
+
     losses, accs, val_accs, kept = [], [], [], None
     params = policy.parameters(REWARD_MODEL)
+    steps = -(-len(pairs) // config.rm_batch_pairs)
+    bar = tqdm(total=epochs * steps, desc="reward model", disable=not progress)
     for _ in range(epochs):
         order = rng.permutation(len(pairs))
         for start in range(0, len(pairs), config.rm_batch_pairs):
@@ -281,10 +295,14 @@ def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Seq
                                       config.rm_micro_pairs)
             losses.append(stats["loss"])
             accs.append(stats["accuracy"])
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if validation:
             val_accs.append(rm_accuracy(policy, validation, agents, config.rm_batch_pairs, config.rm_pooling))
+            bar.set_postfix(validation=f"{val_accs[-1]:.3f}")
             if best_epoch(val_accs) == len(val_accs) - 1:
                 kept = [p.detach().clone() for p in params]
+    bar.close()
     out = {"losses/reward_model": float(np.mean(losses)), "pref/rm_train_accuracy": float(np.mean(accs))}
     if val_accs:
         with torch.no_grad():
@@ -296,20 +314,136 @@ def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Seq
 
 
 def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair],
-                             agents: Sequence[str], config: Config, rng: np.random.Generator) -> dict[str, float]:
+                             agents: Sequence[str], config: Config, rng: np.random.Generator,
+                             progress: bool = False) -> dict[str, float]:
     """The offline fit: the pairs split by prompt into held-out (``rm_holdout``), validation
-    (``rm_validation``) and training; the accuracy on the held-out pairs before and after training."""
+    (``rm_validation``) and training; the accuracy on the held-out pairs before and after training
+    (``progress``: a bar over the steps)."""
     test, validation, train = split_by_prompt(pairs, [config.rm_holdout, config.rm_validation], rng)
     batch, pooling = config.rm_batch_pairs, config.rm_pooling
     # The joint rows (every agent's prompt and response) are the run's longest: their activations are
     # handed back when freed rather than kept in the heap, so the fit does not set the run's memory peak.
     with mapped_large_blocks():
         stats = {"pref/rm_accuracy_before": rm_accuracy(policy, test, agents, batch, pooling)}
-        stats.update(train_reward_model(policy, optimizer, train, agents, config, rng, config.rm_epochs, validation))
+        stats.update(train_reward_model(policy, optimizer, train, agents, config, rng, config.rm_epochs, validation,
+                                        progress))
         stats["pref/rm_heldout_accuracy"] = rm_accuracy(policy, test, agents, batch, pooling)
     stats.update({"pref/rm_pairs": float(len(train)), "pref/rm_validation_pairs": float(len(validation)),
                   "pref/rm_heldout_pairs": float(len(test))})
     return stats
+
+
+# ----------------------------------------------------------------------------------------- shared fits
+RM_CACHE_FORMAT = "llm-envs-reward-model-fit-v1"
+RL_STAGE_FIELDS = frozenset({
+    "num_iterations", "learning_rate", "clip_eps", "num_eval_problems", "eval_every", "eval_greedy",
+    "output_dir", "run_name", "overwrite", "tensorboard", "progress", "samples_every", "checkpoint_every",
+    "resume", "wandb_project", "batch_pairs", "updates_per_iteration", "micro_batch_pairs", "micro_batch_size",
+    "micro_batch_tokens", "rl_learner", "rl_args", "baseline", "normalize_std", "loss_aggregation", "num_epochs",
+    "rm_cache",
+})
+"""The settings an offline fit never reads (the RL stage's, evaluation's, which is seeded apart, and the
+run's bookkeeping): runs that differ only in these share one ``rm_cache`` entry."""
+
+
+def code_fingerprint() -> str:
+    """sha256 of every source file of the ``agents``, ``baselines`` and ``llm_envs`` packages: a cached
+    fit is reused only by the code that made it."""
+    import hashlib
+
+    import agents
+    import baselines
+    import llm_envs
+
+    digest = hashlib.sha256()
+    for package in (agents, baselines, llm_envs):
+        root = Path(package.__file__).parent
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def fit_key(config: Config, policy: Any) -> dict[str, Any]:
+    """What decides an offline fit, as JSON: every setting outside :data:`RL_STAGE_FIELDS`, each agent's
+    and the reward model's base, tokenizer and adapter, the bases' dtypes and device, the CPU's kernels and
+    threads, the library versions and :func:`code_fingerprint`."""
+    import peft
+    import transformers
+
+    from agents.models import device_description, machine_description
+    from baselines.infra.metrics import config_dict
+
+    settings = {k: v for k, v in config_dict(config).items() if k not in RL_STAGE_FIELDS}
+    machine = {k: v for k, v in machine_description().items() if k != "dtype"}
+    return json.loads(json.dumps({
+        "format": RM_CACHE_FORMAT,
+        "settings": settings,
+        "team": policy.describe_agents(),
+        "dtypes": sorted({str(g.dtype) for g in policy.groups}),
+        "device": str(policy.groups[0].device), "gpu": device_description(policy.groups[0].device),
+        "machine": machine,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+        "code": code_fingerprint(),
+    }, sort_keys=True, default=str))
+
+
+def cache_entry(config: Config, key: Mapping[str, Any]) -> Path:
+    """The ``rm_cache`` directory of the fit ``key``."""
+    import hashlib
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(str(config.rm_cache)) / name
+
+
+def load_cached_fit(policy: Any, entry: Path, key: Mapping[str, Any],
+                    rng: np.random.Generator) -> tuple[PairBuffer, dict[str, float]] | None:
+    """The pairs and fit metrics of ``entry``, its reward model loaded into ``policy`` and its random
+    state into every generator; ``None`` without an entry. An entry that cannot be read whole, or whose
+    key differs (a hash collision), is an error naming it, never a silent refit."""
+    from baselines.infra.checkpoints import rng_from
+    from baselines.infra.rng import set_rng_state
+
+    record_path = entry / "fit.json"
+    if not record_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        tensors = torch.load(entry / "rng.pt", map_location="cpu", weights_only=True)
+        buffer = PairBuffer.load(entry, before=1, prune=False)
+    except (OSError, ValueError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"corrupt reward-model cache entry {entry}: {err}; remove it to fit afresh") from err
+    if record.get("key") != key:
+        raise ValueError(f"reward-model cache entry {entry} was written for another fit; remove it to fit afresh")
+    policy.load(entry / "policy", agents=[REWARD_MODEL])
+    set_rng_state(rng_from(tensors, record["rng"]), rng)
+    return buffer, {k: float(v) for k, v in record["stats"].items()}
+
+
+def save_cached_fit(policy: Any, entry: Path, key: Mapping[str, Any], buffer: PairBuffer,
+                    stats: Mapping[str, float], rng: np.random.Generator) -> None:
+    """Write the fit's pairs, reward model, metrics and random state as ``entry`` (a temporary
+    directory moved into place: a reader sees a whole entry or none)."""
+    import shutil
+    import tempfile
+
+    from baselines.infra.checkpoints import write_rng
+    from baselines.infra.rng import rng_state
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        buffer.save_iteration(tmp, 0)
+        policy.save(tmp / "policy", policy.state([REWARD_MODEL]))
+        record = {"key": key, "stats": dict(stats), "rng": write_rng(rng_state(rng), tmp / "rng.pt")}
+        (tmp / "fit.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+        if entry.exists():  # another run wrote the same fit meanwhile: the same content
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, entry)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 @torch.no_grad()
@@ -458,18 +592,9 @@ def two_stage(config: Config) -> dict[str, Any]:
         policy.load(saved)
         stats = json.loads(stats_path.read_text(encoding="utf-8"))
     else:
-        pairs, stats = collect_offline(team, run, config)
-        if not pairs:
-            raise ValueError(f"no preference pairs: every candidate of the {config.num_prompts} prompts tied; "
-                             "raise num_candidates or temperature")
-        buffer = PairBuffer()
-        buffer.add(0, pairs)
-        if run.main:
-            buffer.save_iteration(preference_dir(run), 0)
         optimizer = policy.optimizer(REWARD_MODEL, lr=config.rm_learning_rate)
         policy.train()
-        stats.update(fit_offline_reward_model(policy, optimizer, pairs, agents, config, run.rng))
-        stats = {k: v for k, v in stats.items() if math.isfinite(v)}
+        stats = offline_stage(team, run, config, PairBuffer(), optimizer)
         del optimizer
         if run.main:
             policy.save(saved)
@@ -494,6 +619,41 @@ def two_stage(config: Config) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- the run
+def offline_stage(team: Team, run: Run, config: Config, buffer: PairBuffer,
+                  optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Offline MARLHF's first stage: the candidates' pairs collected and the reward model fitted on them,
+    or both loaded from the ``rm_cache`` entry of this fit (written when there is none). The pairs go
+    into ``buffer`` and the run's preference directory; returns the stage's finite metrics."""
+    policy, agents = team.policy, team.agents
+    entry = key = None
+    if config.rm_cache is not None:
+        key = fit_key(config, policy)
+        entry = cache_entry(config, key)
+        cached = load_cached_fit(policy, entry, key, run.rng)
+        if cached is not None:
+            loaded, stats = cached
+            buffer.add(0, loaded.by_iteration.get(0, []))
+            if run.main:
+                buffer.save_iteration(preference_dir(run), 0)
+                if config.progress:
+                    print(f"reward model: the fit of {entry} (held-out accuracy "
+                          f"{stats.get('pref/rm_heldout_accuracy', float('nan')):.3f})", flush=True)
+            return stats
+    pairs, stats = collect_offline(team, run, config)
+    if not pairs:
+        raise ValueError(f"no preference pairs: every candidate of the {config.num_prompts} prompts tied; "
+                         "raise num_candidates or temperature")
+    buffer.add(0, pairs)
+    if run.main:
+        buffer.save_iteration(preference_dir(run), 0)
+    stats.update(fit_offline_reward_model(policy, optimizer, pairs, agents, config, run.rng,
+                                          progress=config.progress and run.main))
+    stats = {k: v for k, v in stats.items() if math.isfinite(v)}
+    if entry is not None and key is not None and run.main:
+        save_cached_fit(policy, entry, key, buffer, stats, run.rng)
+    return stats
+
+
 def main(config: Config) -> dict[str, Any]:
     """Train MARLHF; returns the final metrics with ``eval/*`` (the task's reward) before and after."""
     if config.rl_learner != "magrpo":
@@ -515,16 +675,7 @@ def main(config: Config) -> dict[str, Any]:
     with run.interruptible():
         run.evaluate_before()
         if not config.iterative and "collected" not in run.extra:
-            pairs, collected = collect_offline(team, run, config)
-            if not pairs:
-                raise ValueError(f"no preference pairs: every candidate of the {config.num_prompts} prompts tied; "
-                                 "raise num_candidates or temperature")
-            buffer.add(0, pairs)
-            if run.main:
-                buffer.save_iteration(preference_dir(run), 0)
-            collected.update(fit_offline_reward_model(policy, optimizers[REWARD_MODEL], pairs, agents, config,
-                                                      run.rng))
-            run.extra["collected"] = {k: v for k, v in collected.items() if math.isfinite(v)}
+            run.extra["collected"] = offline_stage(team, run, config, buffer, optimizers[REWARD_MODEL])
             run.state = run.boundary(run.start_step)  # the trained reward model is the new boundary
         for iteration in run.iterations():
             t0 = time.perf_counter()
