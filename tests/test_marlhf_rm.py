@@ -170,3 +170,67 @@ def test_a_step_in_micro_batches_equals_the_whole_batch(tiny_model_dir):
     assert moved > 1e-3  # the step moved the weights; both ways moved them alike
     for a, b in zip(one, whole):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)  # float32 sums reordered: ~1e-7 x |grad|
+
+
+def test_each_candidate_is_scored_once_and_the_step_equals_scoring_every_pair(tiny_model_dir, monkeypatch):
+    """A prompt's 3 candidates make 3 pairs (6 rows, 3 distinct): the step scores each distinct row once,
+    in one pass or (more rows than a pass holds) scores first and then each part with its gradient, and
+    moves the weights as the loss summed over every pair's own two rows does (float32: sums reordered)."""
+    from agents import LoraSettings, MultiAgentPolicy
+    from baselines.rl.preference import Pair, bradley_terry_loss
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(500, 900, (n,), generator=g) for n in (4, 3)]
+    cands = [[torch.randint(500, 900, (n,), generator=g) for n in (2, 5, 3)], [torch.randint(500, 900, (4,),
+                                                                                            generator=g)] * 2]
+    cands[1][1] = torch.randint(500, 900, (6,), generator=g)
+    pairs = [Pair({"writer": prompts[0]}, {"writer": cands[0][w]}, {"writer": cands[0][v]}, 0, 1.0)
+             for w, v in ((0, 1), (0, 2), (1, 2))]
+    pairs.append(Pair({"writer": prompts[1]}, {"writer": cands[1][0]}, {"writer": cands[1][1]}, 0, 1.0))
+
+    def fresh():
+        torch.manual_seed(0)
+        policy = MultiAgentPolicy.from_pretrained(["writer", marlhf.REWARD_MODEL], tiny_model_dir, value_head=True,
+                                                  lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
+                                                  dtype=torch.float32)
+        with torch.no_grad():
+            for p in policy.parameters(marlhf.REWARD_MODEL):
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(p.numel()))
+        return policy, torch.optim.SGD(policy.parameters(marlhf.REWARD_MODEL), lr=1.0)
+
+    # The reference: every pair's own two rows in one pass, the loss summed over the pairs.
+    policy, optimizer = fresh()
+    start = [p.detach().clone() for p in policy.parameters(marlhf.REWARD_MODEL)]
+    s = marlhf.reward_scores(policy, *marlhf.pair_inputs(pairs, ["writer"], policy.pad_token_id_of(
+        marlhf.REWARD_MODEL)))
+    loss = bradley_terry_loss(s[:4], s[4:]).sum() / 4
+    loss.backward()
+    policy.value_heads[marlhf.REWARD_MODEL].bias.grad = None
+    optimizer.step()
+    expected = [p.detach().clone() for p in policy.parameters(marlhf.REWARD_MODEL)]
+    assert max(float((e - p0).abs().max()) for e, p0 in zip(expected, start)) > 1e-3
+
+    calls = []
+    real = marlhf.reward_scores
+    for micro in (1, 2):  # a pass of 2 rows: the first prompt's 3 rows in two parts; of 4: one pass each
+        policy, optimizer = fresh()
+        calls.clear()
+
+        def counted(policy, ids, mask, pooling="mean"):
+            calls.append(len(ids))
+            return real(policy, ids, mask, pooling)
+
+        monkeypatch.setattr(marlhf, "reward_scores", counted)
+        stats = marlhf.reward_model_step(policy, optimizer, pairs, ["writer"], 0.0, "mean", micro_pairs=micro)
+        monkeypatch.setattr(marlhf, "reward_scores", real)
+        assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)
+        assert stats["accuracy"] == float((s[:4] > s[4:]).float().mean())
+        assert calls == ([2, 1, 2, 1, 2] if micro == 1 else [3, 2]), calls  # 5 distinct rows, never 8
+        for a, b in zip(policy.parameters(marlhf.REWARD_MODEL), expected):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-4, atol=1e-6)
+    # The accuracy scores the 5 distinct rows, 2 a pass, and compares each pair's two.
+    policy, _ = fresh()
+    with torch.no_grad():
+        s0 = marlhf.reward_scores(policy, *marlhf.pair_inputs(pairs, ["writer"], policy.pad_token_id_of(
+            marlhf.REWARD_MODEL)))
+    assert marlhf.rm_accuracy(policy, pairs, ["writer"], batch=1) == float((s0[:4] > s0[4:]).float().mean())

@@ -70,10 +70,11 @@ class Config(PreferenceConfig):
     """Offline: the most passes over the training pairs (the epoch of best validation accuracy is kept);
     iterative: updates on replayed batches per iteration."""
     rm_batch_pairs: int = 8
-    """Pairs per reward-model step."""
+    """Pairs per reward-model step: offline, whole prompts' pairs until at least this many (a prompt's
+    candidates are scored once a step, not once per pair); iterative, this many drawn from the replay."""
     rm_micro_pairs: int = 2
-    """Pairs per forward and backward of a reward-model step (gradient accumulation: the same step up to
-    rounding); the step's activations, the run's memory peak, scale with it."""
+    """A reward-model pass scores at most ``2 x rm_micro_pairs`` joint rows (the step's gradient accumulated
+    over passes: the same step up to rounding); the step's activations, the run's memory peak, scale with it."""
     rm_holdout: float = 0.2
     """Offline: the fraction of prompts whose pairs are held out from the reward model's training and from
     choosing its epoch, to measure its accuracy (``pref/rm_heldout_accuracy``). Split by prompt: a held-out
@@ -149,14 +150,58 @@ def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tu
     >>> [row.tolist() for row in pair_inputs([p], ["a", "b"], pad_id=0)[0]]
     [[1, 3, 2, 4], [0, 1, 5, 2]]
     """
-    rows = [torch.cat([t for a in agents for t in (p.prompts[a], getattr(p, side)[a])])
-            for side in ("winners", "losers") for p in pairs]
+    return left_padded([joint_row(p, side, agents) for side in ("winners", "losers") for p in pairs], pad_id)
+
+
+def joint_row(pair: Pair, side: str, agents: Sequence[str]) -> torch.Tensor:
+    """The joint row of ``pair``'s ``side`` (``winners`` or ``losers``): every agent's prompt then response."""
+    return torch.cat([t for a in agents for t in (pair.prompts[a], getattr(pair, side)[a])])
+
+
+def left_padded(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D rows as (N, L) ids and mask, left-padded with ``pad_id``."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
     return ids, mask
+
+
+def distinct_rows(pairs: Sequence[Pair], agents: Sequence[str]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each distinct joint row of ``pairs`` once (a prompt's N candidates make up to N(N-1)/2 pairs), and
+    (P, 2) the index of each pair's winner and loser among them.
+
+    >>> t = torch.tensor
+    >>> ps = [Pair({"a": t([7])}, {"a": t([w])}, {"a": t([l])}, 0, 1.0) for w, l in ((1, 2), (1, 3), (2, 3))]
+    >>> rows, index = distinct_rows(ps, ["a"])
+    >>> [r.tolist() for r in rows], index.tolist()
+    ([[7, 1], [7, 2], [7, 3]], [[0, 1], [0, 2], [1, 2]])
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    rows: list[torch.Tensor] = []
+    index = torch.zeros((len(pairs), 2), dtype=torch.long)
+    for i, p in enumerate(pairs):
+        for j, side in enumerate(("winners", "losers")):
+            row = joint_row(p, side, agents)
+            key = tuple(row.tolist())
+            if key not in seen:
+                seen[key] = len(rows)
+                rows.append(row)
+            index[i, j] = seen[key]
+    return rows, index
+
+
+def by_prompt(pairs: Sequence[Pair]) -> list[list[Pair]]:
+    """``pairs`` grouped by their prompt (every agent's prompt tokens), groups and pairs in first-seen order."""
+    groups: dict[tuple, list[Pair]] = {}
+    for p in pairs:
+        groups.setdefault(prompt_key(p), []).append(p)
+    return list(groups.values())
+
+
+def prompt_key(pair: Pair) -> tuple:
+    return tuple(tuple(t.tolist()) for t in pair.prompts.values())
 
 
 def pooled_inputs(ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, ...]:
@@ -192,37 +237,55 @@ def reward_scores(policy: Any, ids: torch.Tensor, mask: torch.Tensor, pooling: s
 
 @torch.no_grad()
 def rm_accuracy(policy: Any, pairs: Sequence[Pair], agents: Sequence[str], batch: int, pooling: str = "mean") -> float:
-    """The fraction of ``pairs`` whose winner the reward model scores higher (NaN without pairs)."""
+    """The fraction of ``pairs`` whose winner the reward model scores higher (NaN without pairs); each
+    distinct joint row is scored once, ``2 x batch`` rows a pass."""
     if not pairs:
         return float("nan")
-    right = 0
-    for start in range(0, len(pairs), batch):
-        part = pairs[start:start + batch]
-        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
-        right += int((s[: len(part)] > s[len(part):]).sum())
-    return right / len(pairs)
+    rows, index = distinct_rows(pairs, agents)
+    pad_id, width = policy.pad_token_id_of(REWARD_MODEL), 2 * max(1, batch)
+    s = torch.cat([reward_scores(policy, *left_padded(rows[i:i + width], pad_id), pooling).cpu()
+                   for i in range(0, len(rows), width)])
+    return int((s[index[:, 0]] > s[index[:, 1]]).sum()) / len(pairs)
 
 
 def reward_model_step(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
                       max_grad_norm: float, pooling: str = "mean", micro_pairs: int = 2) -> dict[str, float]:
     """One Bradley-Terry step of the reward model on ``pairs`` (with several processes each scores its
-    share and the gradients are summed), ``micro_pairs`` pairs a forward and backward (the same gradient
-    up to rounding, the activations of 2 x ``micro_pairs`` rows at a time: the step's memory peak);
-    returns its loss and batch accuracy."""
+    share and the gradients are summed); returns its loss and batch accuracy.
+
+    Each prompt's distinct joint rows are scored once (its N candidates, not the 2 rows of each of its up to
+    N(N-1)/2 pairs): the same gradient as scoring every pair's rows, in fewer passes. A pass holds at most
+    ``2 x micro_pairs`` rows (the step's activations, the run's memory peak); a prompt with more rows
+    is scored without gradients first, then each part again with its rows' gradient of the loss."""
     from baselines.infra import distributed
 
     optimizer.zero_grad(set_to_none=True)
     total = len(pairs)
-    local = distributed.local_block(pairs)
+    width = 2 * max(1, micro_pairs)
+    pad_id = policy.pad_token_id_of(REWARD_MODEL)
+
+    def scores(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        return reward_scores(policy, *left_padded(rows, pad_id), pooling)
+
     loss_sum, right = 0.0, 0.0
-    for start in range(0, len(local), max(1, micro_pairs)):
-        part = local[start:start + max(1, micro_pairs)]
-        s = reward_scores(policy, *pair_inputs(part, agents, policy.pad_token_id_of(REWARD_MODEL)), pooling)
-        n = len(part)
-        loss = bradley_terry_loss(s[:n], s[n:]).sum() / total
-        loss.backward()
+    for group in by_prompt(distributed.local_block(pairs)):
+        rows, index = distinct_rows(group, agents)
+        if len(rows) <= width:  # one pass
+            s = scores(rows)
+            index = index.to(s.device)
+            loss = bradley_terry_loss(s[index[:, 0]], s[index[:, 1]]).sum() / total
+            loss.backward()
+        else:  # scores, the loss's gradient in each score, then each part's backward with its own
+            with torch.no_grad():
+                s = torch.cat([scores(rows[i:i + width]) for i in range(0, len(rows), width)])
+            s.requires_grad_(True)
+            index = index.to(s.device)
+            loss = bradley_terry_loss(s[index[:, 0]], s[index[:, 1]]).sum() / total
+            (grad,) = torch.autograd.grad(loss, s)
+            for i in range(0, len(rows), width):
+                (scores(rows[i:i + width]) * grad[i:i + width]).sum().backward()
         loss_sum += float(loss.detach())
-        right += float((s[:n] > s[n:]).float().sum())
+        right += float((s[index[:, 0]] > s[index[:, 1]]).float().sum())
     if distributed.world_size() > 1:
         loss_sum, right = distributed.all_sum([loss_sum, right])
     params = policy.parameters(REWARD_MODEL)
@@ -252,7 +315,7 @@ def split_by_prompt(pairs: Sequence[Pair], fractions: Sequence[float],
     [[9, 9], [7, 7, 8]]
     """
     keys: dict[tuple, int] = {}
-    of = [keys.setdefault(tuple(tuple(t.tolist()) for t in p.prompts.values()), len(keys)) for p in pairs]
+    of = [keys.setdefault(prompt_key(p), len(keys)) for p in pairs]
     order = rng.permutation(len(keys))
     part_of = np.full(len(keys), len(fractions))
     start = 0
@@ -264,6 +327,25 @@ def split_by_prompt(pairs: Sequence[Pair], fractions: Sequence[float],
     for p, k in zip(pairs, of):
         parts[part_of[k]].append(p)
     return parts
+
+
+def prompt_batches(groups: Sequence[Sequence[Pair]], order: Sequence[int], size: int) -> list[list[Pair]]:
+    """The steps of one pass: the prompts' pair ``groups`` in ``order``, each step whole prompts until it
+    holds at least ``size`` pairs (the last step may hold fewer).
+
+    >>> [len(b) for b in prompt_batches([[1] * 6, [2] * 6, [3] * 2, [4] * 6], [3, 2, 1, 0], 8)]
+    [8, 12]
+    """
+    batches: list[list[Pair]] = []
+    batch: list[Pair] = []
+    for g in order:
+        batch.extend(groups[g])
+        if len(batch) >= size:
+            batches.append(batch)
+            batch = []
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 def best_epoch(accuracies: Sequence[float]) -> int:
@@ -278,24 +360,23 @@ def best_epoch(accuracies: Sequence[float]) -> int:
 def train_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pairs: Sequence[Pair], agents: Sequence[str],
                        config: Config, rng: np.random.Generator, epochs: int,
                        validation: Sequence[Pair] = (), progress: bool = False) -> dict[str, float]:
-    """``epochs`` shuffled passes over ``pairs`` in batches of ``rm_batch_pairs``; with ``validation``
+    """``epochs`` shuffled passes over ``pairs``, a step on whole prompts' pairs, at least ``rm_batch_pairs``
+    (:func:`prompt_batches`: a prompt's candidates are scored once a step); with ``validation``
     pairs, the weights of the epoch that scores them best are kept (its accuracy in
     ``pref/rm_validation_accuracy``, its number in ``pref/rm_epoch``). ``progress``: a bar over the steps."""
     from tqdm.auto import tqdm
 
     losses, accs, val_accs, kept = [], [], [], None
     params = policy.parameters(REWARD_MODEL)
-    steps = -(-len(pairs) // config.rm_batch_pairs)
-    bar = tqdm(total=epochs * steps, desc="reward model", disable=not progress)
+    groups = by_prompt(pairs)
+    bar = tqdm(total=epochs * len(pairs), desc="reward model", unit="pair", disable=not progress)
     for _ in range(epochs):
-        order = rng.permutation(len(pairs))
-        for start in range(0, len(pairs), config.rm_batch_pairs):
-            batch = [pairs[i] for i in order[start:start + config.rm_batch_pairs]]
+        for batch in prompt_batches(groups, rng.permutation(len(groups)), config.rm_batch_pairs):
             stats = reward_model_step(policy, optimizer, batch, agents, config.max_grad_norm, config.rm_pooling,
                                       config.rm_micro_pairs)
             losses.append(stats["loss"])
             accs.append(stats["accuracy"])
-            bar.update(1)
+            bar.update(len(batch))
             bar.set_postfix(loss=f"{stats['loss']:.3f}")
         if validation:
             val_accs.append(rm_accuracy(policy, validation, agents, config.rm_batch_pairs, config.rm_pooling))
