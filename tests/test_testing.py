@@ -327,3 +327,16 @@ def test_pytest_plugin_and_env_test_one_line_per_env(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )
     assert unknown.returncode == 4 and "'mine/unknown-v0' is not registered" in unknown.stderr, unknown.stderr
+
+
+def test_the_official_checks_draw_the_same_random_actions_every_run():
+    """PettingZoo's random agent samples from the env's action spaces: seeded, its episode is the same on
+    every run, so a flat observation (no visible action mask) cannot make the check pass or fail by chance."""
+    import llm_envs
+    from llm_envs.testing.checks import seeded_spaces
+
+    draws = []
+    for _ in range(2):
+        env = seeded_spaces(llm_envs.make("writing/xsum-v0", step_unit="token", max_new_tokens=4))
+        draws.append([int(env.action_space(a).sample()) for a in env.possible_agents for _ in range(5)])
+    assert draws[0] == draws[1] and len(set(draws[0])) > 1

@@ -246,6 +246,17 @@ PETTINGZOO_HINT = (
 )
 
 
+def seeded_spaces(env: Any) -> Any:
+    """``env`` with each agent's action space seeded (0, 1, ...): PettingZoo's random agent draws from
+    them, and unseeded they draw another episode every run. Under a flat observation the agent cannot
+    see the action mask, so an unseeded draw of a stop token now and then makes the next unmasked draw
+    an action the env refuses (a clear error): a check that passes or fails by chance. Seeded, it is
+    the same run every time."""
+    for i, agent in enumerate(env.possible_agents):
+        env.action_space(agent).seed(i)
+    return env
+
+
 @_check("pettingzoo_parallel", "PettingZoo's parallel_api_test", PETTINGZOO_HINT)
 def check_pettingzoo_parallel(subject: Subject) -> list[str] | None:
     from pettingzoo.test import parallel_api_test
@@ -254,7 +265,7 @@ def check_pettingzoo_parallel(subject: Subject) -> list[str] | None:
         raise CheckSkipped("the task runs under the sequential protocol only")
     overrides, cycles = _official_kwargs(subject, "parallel")
     _official("pettingzoo_parallel", "parallel_api_test",
-              lambda: parallel_api_test(subject.env("parallel", **overrides), num_cycles=cycles))
+              lambda: parallel_api_test(seeded_spaces(subject.env("parallel", **overrides)), num_cycles=cycles))
     return None
 
 
@@ -265,7 +276,7 @@ def check_pettingzoo_aec(subject: Subject) -> list[str] | None:
 
     for protocol in subject.protocols:
         overrides, cycles = _official_kwargs(subject, protocol)
-        env = _aec_factory(subject, protocol, overrides)()
+        env = seeded_spaces(_aec_factory(subject, protocol, overrides)())
         _official("pettingzoo_aec", f"api_test ({protocol})",
                   lambda env=env, cycles=cycles: api_test(env, num_cycles=cycles))
     return _other_protocol_note(subject)
