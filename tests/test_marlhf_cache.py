@@ -16,7 +16,7 @@ import torch
 
 from baselines.infra.checkpoints import find_checkpoint
 from baselines.infra.metrics import read_metrics
-from baselines.learners import marlhf
+from baselines.learners import marlhf, rm_cache
 
 TIMINGS = ("charts/s_per_iteration", "charts/rollout_fraction")
 
@@ -85,15 +85,15 @@ def test_the_key_holds_every_setting_of_the_fit_and_none_of_the_rl_stage(tiny_mo
     policy = MultiAgentPolicy.from_pretrained(["brief", "detailed", marlhf.REWARD_MODEL], tiny_model_dir,
                                               value_head=True)
     base = config(tiny_model_dir, tmp_path, "run")
-    key = marlhf.fit_key(base, policy)
+    key = rm_cache.fit_key(base, policy)
     assert key["settings"]["seed"] == 0 and "learning_rate" not in key["settings"] and key["code"]
-    for field in sorted(marlhf.RL_STAGE_FIELDS):  # every RL-stage setting is a real field
+    for field in sorted(rm_cache.RL_STAGE_FIELDS):  # every RL-stage setting is a real field
         assert field in {f.name for f in dataclasses.fields(marlhf.Config)}, field
     same = {"learning_rate": 1.0, "num_iterations": 7, "baseline": "rloo", "run_name": "x", "num_eval_problems": 3}
-    assert marlhf.fit_key(dataclasses.replace(base, **same), policy) == key
+    assert rm_cache.fit_key(dataclasses.replace(base, **same), policy) == key
     for field, value in {"seed": 1, "rm_epochs": 2, "rm_learning_rate": 1e-2, "num_prompts": 4,
                          "rm_pooling": "last", "temperature": 0.5, "max_source_words": 30}.items():
-        assert marlhf.fit_key(dataclasses.replace(base, **{field: value}), policy) != key, field
+        assert rm_cache.fit_key(dataclasses.replace(base, **{field: value}), policy) != key, field
 
 
 def test_a_damaged_or_foreign_entry_is_an_error_naming_it(tiny_model_dir, tmp_path, varied_writing_reward):

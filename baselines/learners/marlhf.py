@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -47,6 +45,7 @@ from baselines.learners.madpo import (
     load_preference_state,
     preference_dir,
 )
+from baselines.learners.rm_cache import cache_entry, fit_key, load_cached_fit, save_cached_fit
 from baselines.rl.critic import critic_inputs, critic_values
 from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
 from baselines.rl.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
@@ -89,10 +88,10 @@ class Config(PreferenceConfig):
     the frozen base's last-token state: 0.52 held-out accuracy; on the mean: 0.73)."""
     rm_cache: str | None = None
     """Offline: a directory of fitted reward models shared between runs. A run whose fit would be the same
-    (every setting outside :data:`RL_STAGE_FIELDS`, the models, dtype, device, CPU kernels and code: the
-    entry's key) loads the entry's pairs, reward model, fit metrics and random state instead of collecting
-    and fitting, and then runs exactly as the run that wrote it; a run without an entry writes one. A
-    learning-rate sweep of the RL stage fits once."""
+    (every setting outside :data:`~baselines.learners.rm_cache.RL_STAGE_FIELDS`, the models, dtype,
+    device, CPU kernels and code: the entry's key) loads the entry's pairs, reward model, fit metrics and
+    random state instead of collecting and fitting, and then runs exactly as the run that wrote it; a run
+    without an entry writes one. A learning-rate sweep of the RL stage fits once."""
     rl_learner: Literal["magrpo", "ppo", "maac"] = "magrpo"
     """The RL stage on the learned reward: ``magrpo`` (group-relative advantages over each prompt's
     ``num_candidates`` joint samples; offline or iterative), or, offline only, ``ppo`` (independent PPO
@@ -414,119 +413,6 @@ def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pair
     return stats
 
 
-# ----------------------------------------------------------------------------------------- shared fits
-RM_CACHE_FORMAT = "llm-envs-reward-model-fit-v1"
-RL_STAGE_FIELDS = frozenset({
-    "num_iterations", "learning_rate", "clip_eps", "num_eval_problems", "eval_every", "eval_greedy",
-    "output_dir", "run_name", "overwrite", "tensorboard", "progress", "samples_every", "checkpoint_every",
-    "resume", "wandb_project", "batch_pairs", "updates_per_iteration", "micro_batch_pairs", "micro_batch_size",
-    "micro_batch_tokens", "rl_learner", "rl_args", "baseline", "normalize_std", "loss_aggregation", "num_epochs",
-    "rm_cache",
-})
-"""The settings an offline fit never reads (the RL stage's, evaluation's, which is seeded apart, and the
-run's bookkeeping): runs that differ only in these share one ``rm_cache`` entry."""
-
-
-def code_fingerprint() -> str:
-    """sha256 of every source file of the ``agents``, ``baselines`` and ``llm_envs`` packages: a cached
-    fit is reused only by the code that made it."""
-    import hashlib
-
-    import agents
-    import baselines
-    import llm_envs
-
-    digest = hashlib.sha256()
-    for package in (agents, baselines, llm_envs):
-        root = Path(package.__file__).parent
-        for path in sorted(root.rglob("*.py")):
-            digest.update(str(path.relative_to(root.parent)).encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
-def fit_key(config: Config, policy: Any) -> dict[str, Any]:
-    """What decides an offline fit, as JSON: every setting outside :data:`RL_STAGE_FIELDS`, each agent's
-    and the reward model's base, tokenizer and adapter, the bases' dtypes and device, the CPU's kernels and
-    threads, the library versions and :func:`code_fingerprint`."""
-    import peft
-    import transformers
-
-    from agents.models import device_description, machine_description
-    from baselines.infra.metrics import config_dict
-
-    settings = {k: v for k, v in config_dict(config).items() if k not in RL_STAGE_FIELDS}
-    machine = {k: v for k, v in machine_description().items() if k != "dtype"}
-    return json.loads(json.dumps({
-        "format": RM_CACHE_FORMAT,
-        "settings": settings,
-        "team": policy.describe_agents(),
-        "dtypes": sorted({str(g.dtype) for g in policy.groups}),
-        "device": str(policy.groups[0].device), "gpu": device_description(policy.groups[0].device),
-        "machine": machine,
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
-        "code": code_fingerprint(),
-    }, sort_keys=True, default=str))
-
-
-def cache_entry(config: Config, key: Mapping[str, Any]) -> Path:
-    """The ``rm_cache`` directory of the fit ``key``."""
-    import hashlib
-
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
-    return Path(str(config.rm_cache)) / name
-
-
-def load_cached_fit(policy: Any, entry: Path, key: Mapping[str, Any],
-                    rng: np.random.Generator) -> tuple[PairBuffer, dict[str, float]] | None:
-    """The pairs and fit metrics of ``entry``, its reward model loaded into ``policy`` and its random
-    state into every generator; ``None`` without an entry. An entry that cannot be read whole, or whose
-    key differs (a hash collision), is an error naming it, never a silent refit."""
-    from baselines.infra.checkpoints import rng_from
-    from baselines.infra.rng import set_rng_state
-
-    record_path = entry / "fit.json"
-    if not record_path.is_file():
-        return None
-    try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        tensors = torch.load(entry / "rng.pt", map_location="cpu", weights_only=True)
-        buffer = PairBuffer.load(entry, before=1, prune=False)
-    except (OSError, ValueError, RuntimeError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"corrupt reward-model cache entry {entry}: {err}; remove it to fit afresh") from err
-    if record.get("key") != key:
-        raise ValueError(f"reward-model cache entry {entry} was written for another fit; remove it to fit afresh")
-    policy.load(entry / "policy", agents=[REWARD_MODEL])
-    set_rng_state(rng_from(tensors, record["rng"]), rng)
-    return buffer, {k: float(v) for k, v in record["stats"].items()}
-
-
-def save_cached_fit(policy: Any, entry: Path, key: Mapping[str, Any], buffer: PairBuffer,
-                    stats: Mapping[str, float], rng: np.random.Generator) -> None:
-    """Write the fit's pairs, reward model, metrics and random state as ``entry`` (a temporary
-    directory moved into place: a reader sees a whole entry or none)."""
-    import shutil
-    import tempfile
-
-    from baselines.infra.checkpoints import write_rng
-    from baselines.infra.rng import rng_state
-
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
-    try:
-        buffer.save_iteration(tmp, 0)
-        policy.save(tmp / "policy", policy.state([REWARD_MODEL]))
-        record = {"key": key, "stats": dict(stats), "rng": write_rng(rng_state(rng), tmp / "rng.pt")}
-        (tmp / "fit.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-        if entry.exists():  # another run wrote the same fit meanwhile: the same content
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, entry)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 @torch.no_grad()
 def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch: int = 8,
                     pooling: str = "mean") -> np.ndarray:
@@ -710,7 +596,7 @@ def offline_stage(team: Team, run: Run, config: Config, buffer: PairBuffer,
     if config.rm_cache is not None:
         key = fit_key(config, policy)
         entry = cache_entry(config, key)
-        cached = load_cached_fit(policy, entry, key, run.rng)
+        cached = load_cached_fit(policy, entry, key, run.rng, REWARD_MODEL)
         if cached is not None:
             loaded, stats = cached
             buffer.add(0, loaded.by_iteration.get(0, []))
@@ -731,7 +617,7 @@ def offline_stage(team: Team, run: Run, config: Config, buffer: PairBuffer,
                                           progress=config.progress and run.main))
     stats = {k: v for k, v in stats.items() if math.isfinite(v)}
     if entry is not None and key is not None and run.main:
-        save_cached_fit(policy, entry, key, buffer, stats, run.rng)
+        save_cached_fit(policy, entry, key, buffer, stats, run.rng, REWARD_MODEL)
     return stats
 
 
