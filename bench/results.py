@@ -30,7 +30,7 @@ summaries, figures and the page's tables in ``results_page.py``.
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
     python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
     python bench/results.py render                          # figures, summary JSON and the page's tables
-    python bench/results.py status                          # which records exist, which are missing
+    python bench/results.py status                          # which records exist, run now (how far), are missing
     python bench/results.py run magrpo --quick --model DIR  # 1 seed, 2 iterations, tiny sizes (tests)
 
 Each command prints one JSON object as its last stdout line.
@@ -61,6 +61,7 @@ from results_records import (
     method,
     missing_records,
     run_records,
+    running_records,
 )
 from results_records import CORY_SETTINGS as CORY_SETTINGS
 from results_records import FIXED_RATE as FIXED_RATE
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--model", default=None, help="HF model id or local dir (default: the embedded SmolLM2-135M)")
     run.add_argument("--threads", type=int, default=None, help="torch threads of each training run")
     for p in (run, sub.add_parser("render", help="figures, summaries and the page's tables from the records"),
-              sub.add_parser("status", help="which records exist and which are missing")):
+              sub.add_parser("status", help="which records exist, which run now (how far) and which are missing")):
         p.add_argument("--out", default=None, help=f"records and figures (default: {RECORDS.relative_to(ROOT)}; "
                                                    "--quick: runs/results-quick/records)")
         p.add_argument("--runs-dir", default="runs/results", help="run directories and logs (default: %(default)s)")
@@ -113,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 0
     else:
         result = {c: {"records": [f"{r['method']}__s{r['seed']}" for r in load_records(out, c)],
+                      "running": running_records(out, c),
                       "missing": missing_records(out, c), "commands": completion_commands(c, missing_records(out, c))}
                   for c in COMPARISONS}
         status = 0

@@ -415,10 +415,17 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
                     done.append({"record": path.name, "copied_from": sweep_name(m.name, rate)})
                     continue
                 m = replace(m, flags={**m.flags, "learning-rate": rate})
-            with claimed(path) as mine:
+            source = m.reuse or comparison
+            log = runs_dir / "logs" / f"{source}__{m.name}__s{seed}.log"
+            details = {"log": str(log.resolve())}
+            if m.learner != "eval":
+                details.update(run_dir=str((runs_dir / f"{source}__{m.name}__s{seed}").resolve()),
+                               num_iterations=flags_of(m, source, quick).get("num-iterations"))
+            with claimed(path, details) as mine:
                 if not mine:  # another sitting runs it now: leave its run directory alone
                     skipped.append(f"{path.name} (running in process {running_pid(path)})")
                     continue
+                print(json.dumps({"started": path.name, **details}), flush=True)
                 outcome = _run_record(m.reuse or comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
                                       threads=threads)
             if "status" in outcome:
@@ -487,7 +494,7 @@ def copy_sweep_record(out: Path, name: str, rate: float, path: Path) -> None:
 def running_pid(record: Path) -> int | None:
     """The pid in ``record``'s ``.running`` marker, if it names a live process other than this one."""
     try:
-        pid = int(record.with_suffix(".running").read_text(encoding="utf-8").strip())
+        pid = int(record.with_suffix(".running").read_text(encoding="utf-8").split("\n", 1)[0].strip())
     except (OSError, ValueError):
         return None
     if pid == os.getpid():
@@ -501,11 +508,52 @@ def running_pid(record: Path) -> int | None:
     return pid
 
 
+def running_records(out: Path, comparison: str) -> dict[str, dict[str, Any]]:
+    """The records of ``comparison`` that a live process is running now: record -> its ``pid``, ``log``
+    and, for a training run, the last ``iteration`` its metrics logged (0 before the first) ``of`` its
+    iterations."""
+    folder = out / comparison
+    found: dict[str, dict[str, Any]] = {}
+    for marker in sorted(folder.glob("*.running")) if folder.is_dir() else ():
+        record = marker.with_suffix(".json")
+        pid = running_pid(record)
+        if pid is None:
+            continue
+        try:
+            details = json.loads(marker.read_text(encoding="utf-8").split("\n", 1)[1] or "{}")
+        except (OSError, IndexError, ValueError):
+            details = {}  # a marker of the pid alone (written before markers held details)
+        entry: dict[str, Any] = {"pid": pid}
+        if "log" in details:
+            entry["log"] = details["log"]
+        if details.get("run_dir"):
+            entry.update(iteration=_last_step(Path(details["run_dir"]) / "metrics.jsonl"),
+                         of=details.get("num_iterations"))
+        found[record.name] = entry
+    return found
+
+
+def _last_step(metrics: Path) -> int:
+    """The ``step`` of a metrics file's last complete line (0 when there is none yet)."""
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line being written, or not a step's
+    return 0
+
+
 @contextlib.contextmanager
-def claimed(record: Path) -> Iterator[bool]:
-    """Hold ``record`` while it runs: ``<record>.running`` names this process, so a second ``run``
+def claimed(record: Path, details: Mapping[str, Any] | None = None) -> Iterator[bool]:
+    """Hold ``record`` while it runs: ``<record>.running`` names this process (its first line, then
+    ``details`` as one JSON line: the log, the run directory, the iterations), so a second ``run``
     (another sitting, in parallel) skips the record instead of starting it again and wiping this run's
-    directory. A marker whose process is gone is taken over. Yields whether this process holds it."""
+    directory, and ``status`` can say how far it is. A marker whose process is gone is taken over.
+    Yields whether this process holds it."""
     marker = record.with_suffix(".running")
     marker.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(2):
@@ -518,7 +566,7 @@ def claimed(record: Path) -> Iterator[bool]:
             marker.unlink(missing_ok=True)  # left by a process that died
             continue
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(f"{os.getpid()}\n")
+            fh.write(f"{os.getpid()}\n{json.dumps(dict(details or {}))}\n")
         try:
             yield True
         finally:

@@ -147,13 +147,30 @@ def patch_to_interrupt(monkeypatch, module, update_name: str, what: str, call: i
     monkeypatch.setattr(owner, name, interrupting)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory):
+    """``uninterrupted(learner)``: the :func:`run_state` of the learner's run that nothing interrupts, run
+    once per learner and shared by its interruption points (same seed, same run; the run's directory
+    plays no part in what it computes)."""
+    states: dict[str, dict] = {}
+
+    def state(learner: str) -> dict:
+        if learner not in states:
+            module, make_config, _ = LEARNERS[learner]
+            straight = make_config(tiny_model_dir, tmp_path_factory.mktemp(f"straight-{learner}"), "straight")
+            module.main(straight)
+            states[learner] = run_state(straight.run_dir())
+        return states[learner]
+
+    return state
+
+
 @pytest.mark.parametrize("point", list(POINTS))
 @pytest.mark.parametrize("learner", list(LEARNERS))
-def test_interrupt_then_resume_equals_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch, learner, point):
+def test_interrupt_then_resume_equals_uninterrupted_run(tiny_model_dir, tmp_path, monkeypatch, uninterrupted, learner,
+                                                        point):
     module, make_config, update_name = LEARNERS[learner]
-    straight = make_config(tiny_model_dir, tmp_path, "straight")
-    module.main(straight)
-    expected = run_state(straight.run_dir())
+    expected = uninterrupted(learner)
 
     config = make_config(tiny_model_dir, tmp_path, "interrupted")
     with monkeypatch.context() as patch:

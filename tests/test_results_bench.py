@@ -140,6 +140,52 @@ def test_a_record_running_elsewhere_is_skipped_and_a_dead_claim_taken_over(resul
     assert not marker.exists()  # released once the record is written
 
 
+def test_status_says_how_far_a_running_record_is(results, tmp_path, capsys) -> None:
+    """``status`` lists the records a live process runs now, with the last iteration its metrics logged;
+    the marker ``run`` writes holds what that needs (the log, the run directory, the iterations)."""
+    out, run_dir = tmp_path / "records", tmp_path / "runs" / "magrpo__magrpo__s1"
+    run_dir.mkdir(parents=True)
+    rows = [{"step": 0, "eval/total": 1.0}, {"step": 1, "reward/total": 0.5}, {"step": 2, "reward/total": 0.7}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')
+    (out / "magrpo").mkdir(parents=True)
+    details = {"log": str(tmp_path / "m.log"), "run_dir": str(run_dir), "num_iterations": 20}
+    (out / "magrpo" / "magrpo__s1.running").write_text(f"{os.getppid()}\n{json.dumps(details)}\n")
+    (out / "magrpo" / "magrpo__s2.running").write_text(f"{os.getppid()}\n")  # a marker of the pid alone
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (out / "magrpo" / "ppo__s0.running").write_text(f"{gone.pid}\n{{}}\n")  # its process is gone: not running
+    assert results.main(["status", "--out", str(out)]) == 0
+    running = last_json(capsys)["magrpo"]["running"]
+    assert running == {
+        "magrpo__s1.json": {"pid": os.getppid(), "log": details["log"], "iteration": 2, "of": 20},  # 3 is half-written
+        "magrpo__s2.json": {"pid": os.getppid()},
+    }
+    assert sys.modules[results.run_records.__module__].running_pid(out / "magrpo" / "magrpo__s1.json") == os.getppid()
+
+
+def test_a_run_announces_each_record_and_marks_it_with_its_details(results, tiny_model_dir, tmp_path, capsys,
+                                                                   monkeypatch) -> None:
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    seen = []
+    records = sys.modules[results.run_records.__module__]
+    real = records._run_record
+
+    def spy(comparison, m, seed, path, **kwargs):
+        seen.append(path.with_suffix(".running").read_text(encoding="utf-8"))
+        return real(comparison, m, seed, path, **kwargs)
+
+    monkeypatch.setattr(records, "_run_record", spy)
+    argv = ["run", "magrpo", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--methods", "untrained-sequential"]
+    assert results.main(argv) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    started = lines[0]
+    assert started["started"] == "untrained-sequential__s0.json"
+    assert started["log"].endswith("magrpo__untrained-sequential__s0.log") and "run_dir" not in started  # an eval
+    pid, detail = seen[0].splitlines()
+    assert int(pid) == os.getpid() and json.loads(detail) == {"log": started["log"]}
+
+
 def test_helpers(results, tmp_path) -> None:
     assert results.to_argv({"swap-every": 0, "adaptive-kl": True, "eval-greedy": False}) == [
         "--swap-every", "0", "--adaptive-kl", "--no-eval-greedy"]
