@@ -85,3 +85,41 @@ def varied_writing_reward(monkeypatch):
         return total + 1e-3 * sum(len(text) for text in outputs.values()), components
 
     monkeypatch.setattr(WritingTask, "reward", reward)
+
+
+TASK_METHODS = ("reward", "feedback", "prompt", "problems", "check_split")
+
+
+def _task_methods() -> dict:
+    """(task class, method name) -> the method the class itself defines (None where it inherits), for
+    every subclass of llm_envs' Task (every module of llm_envs.tasks is loaded: a test that loads one
+    first and patches it is caught too)."""
+    import importlib
+    import pkgutil
+
+    import llm_envs.tasks
+    from llm_envs.core.task import Task
+
+    for module in pkgutil.iter_modules(llm_envs.tasks.__path__):
+        importlib.import_module(f"llm_envs.tasks.{module.name}")  # imported once, then a dict lookup
+
+    found, stack = {}, [Task]
+    while stack:
+        cls = stack.pop()
+        for name in TASK_METHODS:
+            found[(cls, name)] = cls.__dict__.get(name)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _tasks_left_as_found():
+    """A test that patches a task's method (its reward, say) must undo it (monkeypatch does): else every
+    later test of this process scores with the patched reward, and ``WORKERS=1`` (or ``-p no:xdist``)
+    runs the whole suite in one process."""
+    before = _task_methods()
+    yield
+    after = _task_methods()
+    changed = sorted(f"{cls.__module__}.{cls.__qualname__}.{name}" for (cls, name) in before.keys() & after.keys()
+                     if before[(cls, name)] is not after[(cls, name)])
+    assert not changed, f"the test left these task methods patched (use monkeypatch): {changed}"

@@ -614,7 +614,7 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(dp_run), abs=1e-6)
 
 
-def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
+def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch):
     """Iterative MADPO (comparator history, replay of every iteration) and iterative MARLHF on 2 gloo
     processes x 2 iterations == 1 process over the same 3 prompts (uneven shards: 2 + 1): each process
     samples its prompts' candidates, every process builds and draws the same pairs, the gradients of
@@ -636,7 +636,9 @@ def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path):
     threads = torch.get_num_threads()
     launch = launch_workers(spec)
     try:
-        length_bonus_reward()  # the workers' reward too (preference_worker): pairs need different rewards
+        # The workers' reward too (preference_worker): pairs need different rewards. Through monkeypatch:
+        # this process runs the rest of the suite after it (WORKERS=1), with the task's own reward.
+        length_bonus_reward(monkeypatch)
         madpo.main(dataclasses.replace(dpo, output_dir=str(tmp_path / "one")))
         marlhf.main(dataclasses.replace(rlhf, output_dir=str(tmp_path / "one")))
         output, _ = launch.communicate(timeout=240)
