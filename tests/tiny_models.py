@@ -62,3 +62,6 @@ def testing_device() -> Any:
     import torch
 
     return torch.device(os.environ.get("LLM_ENVS_TEST_DEVICE") or "cpu")
+
+
+testing_device.__test__ = False  # not a test, though the test files that import it would collect it as one
