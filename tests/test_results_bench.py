@@ -324,7 +324,7 @@ def test_sweep_commands() -> None:
     sys.modules[spec.name] = records
     spec.loader.exec_module(records)
     names = [m.name for m in records.COMPARISONS["sweep"]]
-    assert len(names) == sum(len(r) for r in records.SWEEP_RATES.values()) == 15
+    assert len(names) == sum(len(r) for r in records.SWEEP_RATES.values()) == 16
     for m in records.COMPARISONS["sweep"]:
         argv = records.command_of(m, "sweep", 0, quick=False, runs_dir=Path("runs"), model=None, threads=1)
         base, rate = m.name.split("@lr")
