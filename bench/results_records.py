@@ -245,7 +245,7 @@ def command_of(m: Method, comparison: str, seed: int, *, quick: bool, runs_dir: 
                 "--top-k", str(flags["top-k"]), "--max-new-tokens", str(flags["max-new-tokens"]),
                 "--max-source-words", str(flags["max-source-words"]), "--seed", str(seed)]
     else:
-        run = {"env": m.env, "seed": seed, "output-dir": str(runs_dir), "run-name": f"{comparison}__{m.name}__s{seed}"}
+        run = {"env": m.env, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name(comparison, m, seed)}
         argv = ["train", m.learner, *to_argv({**run, **flags, **RUN_FLAGS})]
         if m.learner == "marlhf" and not flags.get("iterative"):
             # The fit reads none of the RL stage's settings: a seed's rates share one (docs/marlhf.md).
@@ -260,6 +260,17 @@ def command_of(m: Method, comparison: str, seed: int, *, quick: bool, runs_dir: 
 # ------------------------------------------------------------------------------------------ records
 def record_path(out: Path, comparison: str, name: str, seed: int) -> Path:
     return out / comparison / f"{name}__s{seed}.json"
+
+
+def run_name(comparison: str, m: Method, seed: int) -> str:
+    """A record's run: its directory under ``--runs-dir`` and its log's name under ``<runs-dir>/logs``."""
+    return f"{comparison}__{m.name}__s{seed}"
+
+
+def run_paths(comparison: str, m: Method, seed: int, runs_dir: Path) -> tuple[Path | None, Path]:
+    """A record's run directory (None for an ``llm-envs eval``, which writes none) and its log."""
+    name = run_name(comparison, m, seed)
+    return (None if m.learner == "eval" else runs_dir / name), runs_dir / "logs" / f"{name}.log"
 
 
 def git_commit() -> str | None:
@@ -418,17 +429,17 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
                     continue
                 m = replace(m, flags={**m.flags, "learning-rate": rate})
             source = m.reuse or comparison
-            log = runs_dir / "logs" / f"{source}__{m.name}__s{seed}.log"
-            details = {"log": str(log.resolve())}
-            if m.learner != "eval":
-                details.update(run_dir=str((runs_dir / f"{source}__{m.name}__s{seed}").resolve()),
+            run_dir, log = run_paths(source, m, seed, runs_dir)
+            details: dict[str, Any] = {"log": str(log.resolve())}
+            if run_dir is not None:
+                details.update(run_dir=str(run_dir.resolve()),
                                num_iterations=flags_of(m, source, quick).get("num-iterations"))
             with claimed(path, details) as mine:
                 if not mine:  # another sitting runs it now: leave its run directory alone
                     skipped.append(f"{path.name} (running in process {running_pid(path)})")
                     continue
                 print(json.dumps({"started": path.name, **details}), flush=True)
-                outcome = _run_record(m.reuse or comparison, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
+                outcome = _run_record(source, m, seed, path, quick=quick, runs_dir=runs_dir, model=model,
                                       threads=threads)
             if "status" in outcome:
                 failed.append(outcome)
@@ -442,12 +453,12 @@ def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: boo
                 model: str | None, threads: int | None) -> dict[str, Any]:
     """Run one record's command and write the record; ``{"record", "status"}`` if the run failed."""
     argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
-    run_dir = None if m.learner == "eval" else runs_dir / f"{comparison}__{m.name}__s{seed}"
+    run_dir, log = run_paths(comparison, m, seed, runs_dir)
     if run_dir is not None and run_dir.exists():
         shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
     load_start = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    status, stdout = run_cli(argv, runs_dir / "logs" / f"{comparison}__{m.name}__s{seed}.log")
+    status, stdout = run_cli(argv, log)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if status != 0:
         return {"record": path.name, "status": status}

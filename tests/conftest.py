@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -90,19 +91,24 @@ def varied_writing_reward(monkeypatch):
 TASK_METHODS = ("reward", "feedback", "prompt", "problems", "check_split")
 
 
-def _task_methods() -> dict:
-    """(task class, method name) -> the method the class itself defines (None where it inherits), for
-    every subclass of llm_envs' Task (every module of llm_envs.tasks is loaded: a test that loads one
-    first and patches it is caught too)."""
+@functools.cache
+def _load_task_modules() -> None:
+    """Every module of llm_envs.tasks, once: a test that loads one first and patches it is caught too."""
     import importlib
     import pkgutil
 
     import llm_envs.tasks
-    from llm_envs.core.task import Task
 
     for module in pkgutil.iter_modules(llm_envs.tasks.__path__):
-        importlib.import_module(f"llm_envs.tasks.{module.name}")  # imported once, then a dict lookup
+        importlib.import_module(f"llm_envs.tasks.{module.name}")
 
+
+def _task_methods() -> dict:
+    """(task class, method name) -> the method the class itself defines (None where it inherits), for
+    every subclass of llm_envs' Task."""
+    from llm_envs.core.task import Task
+
+    _load_task_modules()
     found, stack = {}, [Task]
     while stack:
         cls = stack.pop()
