@@ -37,7 +37,13 @@ def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
 
 
 WRITING = ("magrpo", "preference", "methods", "sweep")
-"""The comparisons on writing/xsum-v0 (joint reward and its components; the others are CORY's)."""
+"""The comparisons on writing/xsum-v0 (joint reward and its components)."""
+CODING = ("coding", "coding-sweep")
+"""The comparisons on coding/humaneval-v0 (joint reward, its components and pass@1)."""
+JOINT = WRITING + CODING
+"""The comparisons of a joint task reward (the others, CORY's, log each model's own)."""
+SWEEP_OF = {"sweep": "methods", "coding-sweep": "coding"}
+"""A sweep comparison -> the comparison whose rates it chooses."""
 
 
 def last_finite(values: Sequence[float]) -> float:
@@ -65,8 +71,8 @@ def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         entry: dict[str, Any] = {"label": m.label, "seeds": [r["seed"] for r in mine],
                                  "wall_s": {str(r["seed"]): r["wall_s"] for r in mine}}
-        if comparison in WRITING:
-            keys = sorted({k for r in mine for k in r["eval"] if not k.startswith("pass@")})
+        if comparison in JOINT:
+            keys = sorted({k for r in mine for k in r["eval"] if comparison in CODING or not k.startswith("pass@")})
             entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
             entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
             if any(r.get("validation") for r in mine):
@@ -117,18 +123,21 @@ def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Pa
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     colors = dict(zip((m.name for m in COMPARISONS[comparison]), COLORS))
-    # The single writer's format: the delimiter (magrpo) or the tagged sections (the centralised model).
-    share = "reward/delimiter" if comparison == "magrpo" else "reward/sections_found"
+    # The single writer's format: the delimiter (magrpo) or the tagged sections (the centralised model); on
+    # code, the fraction of the test assertions that pass.
+    share = {"magrpo": "reward/delimiter", "coding": "reward/tests"}.get(comparison, "reward/sections_found")
     for m in COMPARISONS[comparison]:
         mine = [r for r in records if r["method"] == m.name and r["curve"].get("reward/total")]
         if mine:
             _band(axes[0], [r["curve"]["reward/total"] for r in mine], colors[m.name], m.label, smoothing)
             if share in mine[0]["curve"]:
                 _band(axes[2], [r["curve"][share] for r in mine], colors[m.name], m.label, smoothing)
-    axes[0].set_title(f"training batch joint reward (max 3.0), moving average {smoothing}", fontsize=9)
+    top = 4.0 if comparison in CODING else 3.0
+    axes[0].set_title(f"training batch joint reward (max {top}), moving average {smoothing}", fontsize=9)
     axes[0].set_xlabel("iteration")
-    axes[2].set_title("single agent: share of training responses with [PARAGRAPH_SPLIT]" if comparison == "magrpo"
-                      else "centralised model: share of roles with a tagged section", fontsize=9)
+    axes[2].set_title({"magrpo": "single agent: share of training responses with [PARAGRAPH_SPLIT]",
+                       "coding": "training batch: fraction of the test assertions passed"}.get(
+                          comparison, "centralised model: share of roles with a tagged section"), fontsize=9)
     axes[2].set_xlabel("iteration")
     axes[2].set_ylim(-0.05, 1.05)
     names = [n for n in (m.name for m in COMPARISONS[comparison]) if n in summary]
@@ -193,8 +202,19 @@ def plot_cory(records: list[dict[str, Any]], path: Path, smoothing: int) -> None
 def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
     """The page's generated section for one comparison (markdown)."""
     lines: list[str] = []
-    if comparison == "sweep":
-        lines += sweep_table(summary, out)
+    if comparison in SWEEP_OF:
+        lines += sweep_table(summary, out, SWEEP_OF[comparison])
+    elif comparison == "coding":
+        components = ("total", "pass@1", "tests", "main_defined", "aux_defined", "syntax", "aux_call",
+                      "beyond_wrapper", "ignored_result")
+        lines.append("| method | learning rate | " + " | ".join(f"eval {c}" for c in components)
+                     + " | eval total before | eval pass@1 before |")
+        lines.append("|---" * (len(components) + 4) + "|")
+        for entry in summary.values():
+            cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
+            before = [fmt(*entry["eval_before"][c]) if c in entry["eval_before"] else "—" for c in ("total", "pass@1")]
+            lines.append(f"| {entry['label']} | {entry['learning_rate'] or '—'} | " + " | ".join(cells)
+                         + " | " + " | ".join(before) + " |")
     elif comparison == "methods":
         components = ("total", "structure", "length", "diversity", "transition", "jaccard", "sections_found")
         lines.append("| method | learning rate | " + " | ".join(f"eval {c}" for c in components)
@@ -257,27 +277,29 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     return "\n".join(lines)
 
 
-def sweep_table(summary: dict[str, Any], out: Path) -> list[str]:
-    """The learning-rate sweep: each method's rates scored on the validation split (the held-out train
-    articles), the chosen rate marked; the eval split is not looked at to choose."""
-    from results_records import SWEEP_RATES, chosen_rate, sweep_name
+def sweep_table(summary: dict[str, Any], out: Path, comparison: str = "methods") -> list[str]:
+    """The learning-rate sweep of ``comparison``'s methods: each method's rates scored on the validation
+    split (the held-out train problems), the chosen rate marked; the eval split is not looked at to choose."""
+    from results_records import SWEEPS, chosen_rate, sweep_name
 
-    lines = ["| method | learning rate | validation total (chosen: **bold**) | validation structure | "
-             "validation length | eval total after | eval total before | reward model held-out accuracy |",
+    shown = ("tests", "pass@1") if comparison in CODING else ("structure", "length")
+    lines = [f"| method | learning rate | validation total (chosen: **bold**) | validation {shown[0]} | "
+             f"validation {shown[1]} | eval total after | eval total before | reward model held-out accuracy |",
              "|---|---|---|---|---|---|---|---|"]
-    for name, rates in SWEEP_RATES.items():
-        best = chosen_rate(out, name)
+    for name, rates in SWEEPS[comparison][1].items():
+        best = chosen_rate(out, name, comparison)
+        label = method(comparison, name).label
         for rate in rates:
             entry = summary.get(sweep_name(name, rate))
             if entry is None:
-                lines.append(f"| {method('methods', name).label} | {rate:g} | (missing) | | | | | |")
+                lines.append(f"| {label} | {rate:g} | (missing) | | | | | |")
                 continue
             val = entry.get("validation", {})
             total = f"{val['total'][0]:.3f}" if "total" in val else "—"
             total = f"**{total}**" if best == rate else total
-            cells = [f"{val[c][0]:.3f}" if c in val else "—" for c in ("structure", "length")]
+            cells = [f"{val[c][0]:.3f}" if c in val else "—" for c in shown]
             accuracy = f"{entry['rm_heldout_accuracy'][0]:.3f}" if "rm_heldout_accuracy" in entry else "—"
-            lines.append(f"| {method('methods', name).label} | {rate:g} | {total} | {' | '.join(cells)} | "
+            lines.append(f"| {label} | {rate:g} | {total} | {' | '.join(cells)} | "
                          f"{entry['eval']['total'][0]:.3f} | {entry['eval_before']['total'][0]:.3f} | {accuracy} |")
     return lines
 
@@ -330,9 +352,9 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
         result["records"] += len(records)
         result["total_wall_s"] += sum(r["wall_s"] for r in records)
         result["missing"][comparison] = missing_records(out, comparison)
-        if records and comparison != "sweep":
+        if records and comparison not in SWEEP_OF:
             figure = out / f"{comparison}.png"
-            if comparison in WRITING:
+            if comparison in JOINT:
                 plot_magrpo(records, summary, figure, smoothing, comparison)
             else:
                 plot_cory(records, figure, smoothing)

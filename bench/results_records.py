@@ -86,6 +86,32 @@ is the sweep record's best ``val/total`` and runs three seeds (seed 0 is the swe
 FIXED_RATE = 1e-3
 """The learning rate of a method without a sweep (the strict centralised model, whose every advantage is
 0: no rate changes what it learns)."""
+# MAGRPO on code (issue #51, docs/results.md section 5): the reference's coding set-up (HumanEval, helper +
+# main, 256 new tokens, G = 4, 2 turns of level feedback for the multi-turn row) at the writing rows' budget
+# of 20 iterations x 2 problems x 4 samples, each method at its own learning rate chosen on 32 held-out train
+# problems (as section 4); the evaluation samples like training on the 32 eval problems (pass@1, sampled).
+CODING_SETTINGS: dict[str, Any] = {
+    "num-problems": 2,
+    "num-generations": 4,
+    "max-new-tokens": 256,
+    "num-iterations": 20,
+    "lora-rank": 8,
+    "lora-alpha": 16.0,
+    "normalize-std": True,
+    "temperature": 0.7,
+    "top-p": 0.9,
+    "top-k": 50,
+    "num-eval-problems": 32,
+    "num-validation-problems": 32,
+    "eval-greedy": False,
+}
+CODING_SWEEP_RATES: dict[str, tuple[float, ...]] = {
+    # MAGRPO's writing rate (1e-3, sections 1 and 4) between a third and three times it: LoRA on 135M.
+    "single": (3e-4, 1e-3, 3e-3),
+    "magrpo": (3e-4, 1e-3, 3e-3),
+    "magrpo-2turn": (3e-4, 1e-3, 3e-3),
+}
+"""The coding comparison's learning rates per trained method (seed 0, like :data:`SWEEP_RATES`)."""
 # --quick: the same methods at tiny sizes (CI smoke tests; a tiny model with --model).
 QUICK = {
     "magrpo": {"max-source-words": 20, "num-problems": 1, "num-generations": 2, "max-new-tokens": 8,
@@ -93,6 +119,8 @@ QUICK = {
     "preference": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2},
     "methods": {"max-source-words": 20, "max-new-tokens": 8, "num-iterations": 2, "num-eval-problems": 2,
                 "num-validation-problems": 2},
+    "coding": {"num-problems": 1, "num-generations": 2, "max-new-tokens": 8, "num-iterations": 2,
+               "num-eval-problems": 2, "num-validation-problems": 2},
     "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
              "max-new-tokens": 4, "num-eval-problems": 2},
 }
@@ -160,6 +188,15 @@ COMPARISONS: dict[str, tuple[Method, ...]] = {
                {"num-prompts": 40, "num-candidates": 4, "num-problems": 2, "pairs-per-prompt": 6, "batch-pairs": 8,
                 "normalize-std": True}, quick_flags={"num-prompts": 2, "num-candidates": 2}),
     ),
+    "coding": (
+        Method("untrained-parallel", "eval", "coding/humaneval-v0", "untrained pair, parallel"),
+        Method("untrained-sequential", "eval", "coding/humaneval-sequential-v0",
+               "untrained pair, sequential (main reads helper's aux)"),
+        Method("single", "magrpo", "coding/humaneval-single-v0", "one coder, whole function (GRPO)"),
+        Method("magrpo", "magrpo", "coding/humaneval-v0", "MAGRPO pair, one turn"),
+        Method("magrpo-2turn", "magrpo", "coding/humaneval-v0", "MAGRPO pair, 2 turns (tests' feedback)",
+               {"num-turns": 2}),
+    ),
     "cory": (
         Method("ppo", "ppo", "sentiment/imdb-v0", "PPO", models=("agent",)),
         Method("cory", "cory", "sentiment/imdb-cory-v0", "CORY", {"swap-every": 5}, models=("model_0", "model_1")),
@@ -180,15 +217,23 @@ def sweep_name(name: str, rate: float) -> str:
     return f"{name}@lr{rate:g}"
 
 
-COMPARISONS["sweep"] = tuple(
-    replace(m, name=sweep_name(m.name, rate), label=f"{m.label}, lr {rate:g}",
-            flags={**m.flags, "learning-rate": rate})
-    for m in COMPARISONS["methods"] if m.name in SWEEP_RATES for rate in SWEEP_RATES[m.name]
-)
+SWEEPS: dict[str, tuple[str, Mapping[str, tuple[float, ...]]]] = {
+    "methods": ("sweep", SWEEP_RATES),
+    "coding": ("coding-sweep", CODING_SWEEP_RATES),
+}
+"""A comparison whose methods run at rates chosen on validation -> (its sweep comparison, method -> rates)."""
+for _comparison, (_sweep, _rates) in SWEEPS.items():
+    COMPARISONS[_sweep] = tuple(
+        replace(m, name=sweep_name(m.name, rate), label=f"{m.label}, lr {rate:g}",
+                flags={**m.flags, "learning-rate": rate})
+        for m in COMPARISONS[_comparison] if m.name in _rates for rate in _rates[m.name]
+    )
 SEEDS_WANTED = {"magrpo": {m.name: DEFAULT_SEEDS for m in COMPARISONS["magrpo"]},
                 "sweep": {m.name: (0,) for m in COMPARISONS["sweep"]},
                 "methods": {m.name: DEFAULT_SEEDS for m in COMPARISONS["methods"]},
                 "preference": {m.name: DEFAULT_SEEDS for m in COMPARISONS["preference"]},
+                "coding": {m.name: DEFAULT_SEEDS for m in COMPARISONS["coding"]},
+                "coding-sweep": {m.name: (0,) for m in COMPARISONS["coding-sweep"]},
                 "cory": {"ppo": DEFAULT_SEEDS, "cory": DEFAULT_SEEDS, "cory-no-swap": (0,), "cory-individual": (0,)}}
 """The records the page needs: 3 seeds per method, one seed per CORY ablation."""
 
@@ -203,10 +248,16 @@ def method(comparison: str, name: str) -> Method:
 
 def settings_of(comparison: str, quick: bool) -> dict[str, Any]:
     base = dict({"magrpo": MAGRPO_SETTINGS, "preference": PREFERENCE_SETTINGS, "methods": METHODS_SETTINGS,
-                 "sweep": METHODS_SETTINGS}.get(comparison, CORY_SETTINGS))
+                 "sweep": METHODS_SETTINGS, "coding": CODING_SETTINGS,
+                 "coding-sweep": CODING_SETTINGS}.get(comparison, CORY_SETTINGS))
     if quick:
-        base.update(QUICK["methods" if comparison == "sweep" else comparison])
+        base.update(QUICK[swept_comparison(comparison)])
     return base
+
+
+def swept_comparison(comparison: str) -> str:
+    """The comparison a sweep comparison chooses rates for (``sweep`` -> ``methods``); else ``comparison``."""
+    return next((c for c, (sweep, _) in SWEEPS.items() if sweep == comparison), comparison)
 
 
 def flags_of(m: Method, comparison: str, quick: bool) -> dict[str, Any]:
@@ -242,8 +293,9 @@ def command_of(m: Method, comparison: str, seed: int, *, quick: bool, runs_dir: 
         # An untrained policy through `llm-envs eval`, with the sampling and eval problems of the trained runs.
         argv = ["eval", "--env", m.env, "--num-problems", str(flags["num-eval-problems"]), "--sample",
                 "--temperature", str(flags["temperature"]), "--top-p", str(flags["top-p"]),
-                "--top-k", str(flags["top-k"]), "--max-new-tokens", str(flags["max-new-tokens"]),
-                "--max-source-words", str(flags["max-source-words"]), "--seed", str(seed)]
+                "--top-k", str(flags["top-k"]), "--max-new-tokens", str(flags["max-new-tokens"]), "--seed", str(seed)]
+        if "max-source-words" in flags:
+            argv += ["--max-source-words", str(flags["max-source-words"])]
     else:
         run = {"env": m.env, "seed": seed, "output-dir": str(runs_dir), "run-name": run_name(comparison, m, seed)}
         argv = ["train", m.learner, *to_argv({**run, **flags, **RUN_FLAGS})]
@@ -418,13 +470,13 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
             if path.is_file():
                 skipped.append(path.name)
                 continue
-            if comparison == "methods":
-                rate = chosen_rate(out, m.name)
+            if comparison in SWEEPS and m.learner != "eval":
+                rate = chosen_rate(out, m.name, comparison)
                 if rate is None:
                     skipped.append(f"{path.name} (its learning-rate sweep is not complete)")
                     continue
-                if m.name in SWEEP_RATES and seed == 0:  # the sweep's record at the chosen rate is seed 0
-                    copy_sweep_record(out, m.name, rate, path)
+                if m.name in SWEEPS[comparison][1] and seed == 0:  # the sweep's record at the chosen rate
+                    copy_sweep_record(out, m.name, rate, path, comparison)
                     done.append({"record": path.name, "copied_from": sweep_name(m.name, rate)})
                     continue
                 m = replace(m, flags={**m.flags, "learning-rate": rate})
@@ -471,35 +523,39 @@ def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: boo
     return {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
 
 
-def sweep_records(out: Path, name: str) -> dict[float, dict[str, Any] | None]:
-    """Learning rate -> the sweep's record of method ``name`` at that rate (None while missing)."""
+def sweep_records(out: Path, name: str, comparison: str = "methods") -> dict[float, dict[str, Any] | None]:
+    """Learning rate -> the sweep's record of method ``name`` of ``comparison`` at that rate (None while
+    missing)."""
+    sweep, rates = SWEEPS[comparison]
     found: dict[float, dict[str, Any] | None] = {}
-    for rate in SWEEP_RATES[name]:
-        path = record_path(out, "sweep", sweep_name(name, rate), 0)
+    for rate in rates[name]:
+        path = record_path(out, sweep, sweep_name(name, rate), 0)
         found[rate] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     return found
 
 
-def chosen_rate(out: Path, name: str) -> float | None:
-    """The learning rate of method ``name`` in the ``methods`` comparison: its sweep's best ``val/total``
-    (the held-out train articles; the first rate of the list on a tie), None until every sweep record
-    exists; :data:`FIXED_RATE` for a method without a sweep."""
-    if name not in SWEEP_RATES:
+def chosen_rate(out: Path, name: str, comparison: str = "methods") -> float | None:
+    """The learning rate of method ``name`` in ``comparison`` (one of :data:`SWEEPS`): its sweep's best
+    ``val/total`` (the held-out train problems; the first rate of the list on a tie), None until every
+    sweep record exists; :data:`FIXED_RATE` for a method without a sweep."""
+    rates = SWEEPS[comparison][1]
+    if name not in rates:
         return FIXED_RATE
-    records = sweep_records(out, name)
+    records = sweep_records(out, name, comparison)
     if any(r is None for r in records.values()):
         return None
     scores = {rate: r["validation"].get("total", -math.inf) for rate, r in records.items() if r is not None}
-    return max(scores, key=lambda rate: (scores[rate], -SWEEP_RATES[name].index(rate)))
+    return max(scores, key=lambda rate: (scores[rate], -rates[name].index(rate)))
 
 
-def copy_sweep_record(out: Path, name: str, rate: float, path: Path) -> None:
-    """Seed 0 of a swept method in ``methods``: the sweep's record at the chosen ``rate`` (the same run,
-    not run twice), renamed, with ``copied_from`` naming the sweep record."""
-    source = record_path(out, "sweep", sweep_name(name, rate), 0)
+def copy_sweep_record(out: Path, name: str, rate: float, path: Path, comparison: str = "methods") -> None:
+    """Seed 0 of a swept method of ``comparison``: the sweep's record at the chosen ``rate`` (the same
+    run, not run twice), renamed, with ``copied_from`` naming the sweep record."""
+    sweep = SWEEPS[comparison][0]
+    source = record_path(out, sweep, sweep_name(name, rate), 0)
     record = json.loads(source.read_text(encoding="utf-8"))
-    record.update({"comparison": "methods", "method": name, "label": method("methods", name).label,
-                   "copied_from": f"sweep/{source.name}"})
+    record.update({"comparison": comparison, "method": name, "label": method(comparison, name).label,
+                   "copied_from": f"{sweep}/{source.name}"})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 

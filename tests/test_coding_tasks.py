@@ -177,3 +177,52 @@ def test_turn_record_feedback_round_trip_through_context():
     parts = task.prompt("helper", problem, Context(turn=1, num_turns=2, history=(record,)))
     assert parts[1] == "\n\nYour previous aux(...):\n" and parts[2] is previous
     assert parts[3].endswith("FEEDBACK-H")
+
+
+# --------------------------------------------------------------------------- one coder (single-agent baseline)
+def test_single_coder_reads_the_reference_single_agent_prompt_and_scores_like_trl():
+    from llm_envs.rewards.coding import coding_reward_func
+    from llm_envs.tasks.coding_single import SingleCoderTask
+
+    task = SingleCoderTask()
+    assert [p["task_id"] for p in task.problems("eval")] == [f"HumanEval/{i}" for i in range(32)]
+    problem = task.problems("eval")[2]
+    (prompt,) = task.prompt("coder", problem, Context())
+    assert "Implement ONLY the 'truncate_number' function" in prompt and "aux" not in prompt
+    with pytest.raises(ValueError, match="Unknown role 'main'"):
+        task.prompt("main", problem, Context())
+    cases = {
+        # entry point alone, right: 0.6 + 0.5 + 1.0 (the aux levels need a helper)
+        "def truncate_number(number: float) -> float:\n    return number % 1.0\n": (2.1, 1.0),
+        # aux written too, and used beyond a wrapper: every level, as the pair's best
+        "def aux(n):\n    return int(n)\n\ndef truncate_number(number):\n    w = aux(number)\n    return number - w\n":
+            (4.0, 1.0),
+        # defined, parses, every assertion fails
+        "def truncate_number(number):\n    return -1\n": (1.1, 0.0),
+        "no code at all": (0.0, 0.0),
+    }
+    for text, (total, tests) in cases.items():
+        got, components = task.reward(problem, {"coder": text})
+        assert (round(got, 6), components["tests"]) == (total, tests), text
+        assert got == pytest.approx(coding_reward_func(completions=[text], code_prompt=[problem["prompt"]],
+                                                       test=[problem["test"]], entry_point=[problem["entry_point"]])[0])
+
+
+def test_single_coder_env_turns_and_feedback_without_the_aux_line():
+    env = llm_envs.make("coding/humaneval-single-v0", num_turns=2)
+    env.reset(seed=0, options={"split": "eval", "task_index": 0})
+    _, rewards, terminations, _, infos = env.step({"coder": "def has_close_elements(numbers, threshold):\n"
+                                                            "    return False\n"})
+    assert rewards["coder"] == pytest.approx(0.6 + 0.5 + 3 / 7) and not terminations["coder"]
+    text = env.text("coder")
+    assert "Your previous has_close_elements(...):" in text and "- Tests: 3/7 passed" in text
+    assert "Aux definition" not in text and "Revise your has_close_elements(...)" in text
+    parallel_api_test(llm_envs.make("coding/humaneval-single-v0", max_new_tokens=8), num_cycles=2)
+
+
+def test_sequential_id_lets_main_read_the_helpers_aux():
+    env = llm_envs.make("coding/humaneval-sequential-v0")
+    env.reset(seed=0, options={"split": "eval", "task_index": 2})
+    assert env.agent_selection == "helper"
+    env.step("def aux(n):\n    return int(n)\n")
+    assert "The helper function written for you (do not redefine it):\ndef aux(n)" in env.text("main")

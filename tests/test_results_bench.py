@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,17 @@ reading kept
 {sweep}
 ## Methods
 {methods}
+## Coding
+{coding_sweep}
+{coding}
 """
 
 
 def page_with_markers(results, path: Path) -> Path:
     marks = {
-        name: results.MARKER.format(name=name, end="begin") + "\nSTALE\n" + results.MARKER.format(name=name, end="end")
-        for name in ("wall", "magrpo", "cory", "preference", "sweep", "methods")
+        name.replace("-", "_"): results.MARKER.format(name=name, end="begin") + "\nSTALE\n"
+        + results.MARKER.format(name=name, end="end")
+        for name in ("wall", *results.COMPARISONS)
     }
     path.write_text(PAGE.format(**marks), encoding="utf-8")
     return path
@@ -335,3 +340,42 @@ def test_sweep_commands() -> None:
     prefill = records.flags_of(records.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
     assert prefill["centralized"] is True and prefill["prefill"] is True and prefill["max-new-tokens"] == 96
     assert records.method("methods", "centralized").flags.get("prefill") is None
+
+
+def test_coding_commands_and_its_own_sweep() -> None:
+    """The coding comparison (issue #51): the untrained pairs through `llm-envs eval` on the parallel and
+    sequential ids (no writing flag), each trained method swept on its own, its rate chosen from its own
+    sweep records only (the writing sweep of a method of the same name is not read)."""
+    spec = importlib.util.spec_from_file_location("bench_results_records", ROOT / "bench" / "results_records.py")
+    records = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = records
+    spec.loader.exec_module(records)
+    coding = {m.name: m for m in records.COMPARISONS["coding"]}
+    assert set(coding) == {"untrained-parallel", "untrained-sequential", "single", "magrpo", "magrpo-2turn"}
+    for name, env in (("untrained-parallel", "coding/humaneval-v0"),
+                      ("untrained-sequential", "coding/humaneval-sequential-v0")):
+        argv = records.command_of(coding[name], "coding", 1, quick=False, runs_dir=Path("runs"), model=None, threads=1)
+        assert argv[:3] == ["eval", "--env", env] and "--max-source-words" not in argv
+        assert "--sample" in argv and argv[argv.index("--seed") + 1] == "1"
+        assert [argv[argv.index(f) + 1] for f in ("--num-problems", "--max-new-tokens", "--temperature")] == [
+            "32", "256", "0.7"]
+    sweep = {m.name for m in records.COMPARISONS["coding-sweep"]}
+    assert sweep == {records.sweep_name(n, r) for n, rates in records.CODING_SWEEP_RATES.items() for r in rates}
+    two_turn = " ".join(records.command_of(records.method("coding-sweep", "magrpo-2turn@lr0.001"), "coding-sweep", 0,
+                                           quick=False, runs_dir=Path("runs"), model=None, threads=1))
+    assert "--env coding/humaneval-v0" in two_turn and "--num-turns 2" in two_turn
+    assert "--learning-rate 0.001" in two_turn and "--num-validation-problems 32" in two_turn
+    single = records.command_of(coding["single"], "coding", 0, quick=False, runs_dir=Path("runs"), model=None,
+                                threads=1)
+    assert "coding/humaneval-single-v0" in single and single[single.index("--max-new-tokens") + 1] == "256"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        assert records.chosen_rate(out, "magrpo", "coding") is None
+        for rate, val in zip(records.CODING_SWEEP_RATES["magrpo"], (0.25, 0.5, 2.0)):
+            path = records.record_path(out, "coding-sweep", records.sweep_name("magrpo", rate), 0)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"validation": {"total": val}}))
+        assert records.chosen_rate(out, "magrpo", "coding") == records.CODING_SWEEP_RATES["magrpo"][2]
+        assert records.chosen_rate(out, "magrpo") is None  # the writing sweep of MAGRPO has no record here
+        assert records.missing_records(out, "coding-sweep").keys() == sweep - {
+            records.sweep_name("magrpo", r) for r in records.CODING_SWEEP_RATES["magrpo"]}

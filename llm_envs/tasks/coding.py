@@ -353,7 +353,9 @@ def _score(aux: str, main: str, prompt: str, test: str, entry_point: str, limits
     return score
 
 
-def _diagnostics(score: CodeScore, entry_point: str) -> list[str]:
+def diagnostics(score: CodeScore, entry_point: str, *, aux: bool = True) -> list[str]:
+    """The lines of the "level feedback" on one attempt (``aux=False``: without the aux line, for one
+    coder who was not asked for a helper)."""
     found = {"FOUND": "defined with a return value", "NO_RETURN": "defined but returns nothing",
              "MISSING": "not defined"}
 
@@ -361,8 +363,8 @@ def _diagnostics(score: CodeScore, entry_point: str) -> list[str]:
         key = "FOUND" if score.components[component] > 0 else ("NO_RETURN" if source else "MISSING")
         return f"{'FOUND' if key == 'FOUND' else key} ({found[key]})"
 
-    lines = [f"- Aux definition: {state(score.aux_source, 'aux_defined')}",
-             f"- Main definition ({entry_point}): {state(score.main_source, 'main_defined')}"]
+    lines = [f"- Aux definition: {state(score.aux_source, 'aux_defined')}"] if aux else []
+    lines.append(f"- Main definition ({entry_point}): {state(score.main_source, 'main_defined')}")
     if not score.main_source or score.components["main_defined"] == 0:
         lines.append("- Not run: the main function must be defined and return a value.")
         return lines
@@ -464,7 +466,7 @@ class CodingTask(Task):
     ) -> dict[str, str]:
         score = self.score(problem, outputs)
         entry_point = problem["entry_point"]
-        common = _diagnostics(score, entry_point)
+        common = diagnostics(score, entry_point)
         main_notes = []
         if score.main_source:
             if not score.aux_called:
@@ -490,6 +492,9 @@ def _register() -> None:
     register("coding/humaneval-v0", CodingTask, protocol="parallel", source="humaneval",
              description="Helper aux(...) + main entry point on the 164 HumanEval problems (offline; "
                          "eval 0-31, train 33-162). Default coding env.")
+    register("coding/humaneval-sequential-v0", CodingTask, protocol="sequential", source="humaneval",
+             description="coding/humaneval-v0 under the sequential protocol: main reads the helper's aux of "
+                         "the same turn (the reference's sequential baseline).")
     register("coding/coophumaneval-v0", CodingTask, protocol="parallel", source="coophumaneval",
              description="Helper + main on CoopHumanEval (HF hub OpenMLRL/CoopHumanEval, or data_path).")
     register("coding/mbpp-v0", CodingTask, protocol="parallel", source="mbpp",
