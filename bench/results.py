@@ -49,12 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, when l
 from results_page import MARKER as MARKER
 from results_page import mean_std as mean_std
 from results_page import render
+from results_page import render_page as render_page
 from results_page import replace_section as replace_section
+from results_page import sections as sections
+from results_records import PAGE as PAGE
+from results_records import RECORDS as RECORDS
 from results_records import (
     COMPARISONS,
     DEFAULT_SEEDS,
-    PAGE,
-    RECORDS,
     ROOT,
     completion_commands,
     load_records,

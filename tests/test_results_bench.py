@@ -31,28 +31,15 @@ def last_json(capsys: pytest.CaptureFixture[str]) -> dict:
     return json.loads(lines[-1])
 
 
-PAGE = """# Results
-{wall}
-## MAGRPO
-{magrpo}
-reading kept
-## CORY
-{cory}
-## Preference
-{preference}
-## Sweep
-{sweep}
-## Methods
-{methods}
-"""
+SECTIONS = ("sampling", "wall", "magrpo-settings", "magrpo", "magrpo-reading", "cory-settings", "cory", "cory-reading",
+            "preference-settings", "preference", "preference-reading", "sweep-settings", "sweep", "methods-settings",
+            "methods", "methods-reading")
 
 
 def page_with_markers(results, path: Path) -> Path:
-    marks = {
-        name: results.MARKER.format(name=name, end="begin") + "\nSTALE\n" + results.MARKER.format(name=name, end="end")
-        for name in ("wall", "magrpo", "cory", "preference", "sweep", "methods")
-    }
-    path.write_text(PAGE.format(**marks), encoding="utf-8")
+    marks = [results.MARKER.format(name=name, end="begin") + "\nSTALE\n" + results.MARKER.format(name=name, end="end")
+             for name in SECTIONS]
+    path.write_text("# Results\n" + "\nreading kept\n".join(marks) + "\n", encoding="utf-8")
     return path
 
 
@@ -189,8 +176,9 @@ def test_a_run_announces_each_record_and_marks_it_with_its_details(results, tiny
 def test_helpers(results, tmp_path) -> None:
     assert results.to_argv({"swap-every": 0, "adaptive-kl": True, "eval-greedy": False}) == [
         "--swap-every", "0", "--adaptive-kl", "--no-eval-greedy"]
-    assert results.mean_std([2.0, math.nan, 4.0]) == (3.0, math.sqrt(2.0), 2)
-    assert results.mean_std([]) == (math.nan, math.nan, 0) or math.isnan(results.mean_std([])[0])
+    assert results.mean_std([2.0, math.nan, 4.0]) == (3.0, math.sqrt(2.0), 2, 1)  # the NaN counted, not dropped
+    empty = results.mean_std([])
+    assert math.isnan(empty.mean) and (empty.n, empty.nonfinite) == (0, 0)
     assert results.missing_records(tmp_path, "cory") == {"ppo": [0, 1, 2], "cory": [0, 1, 2], "cory-no-swap": [0],
                                                          "cory-individual": [0]}
     assert results.completion_commands("cory", {"ppo": [1, 2], "cory": [1, 2], "cory-no-swap": [0]}) == [
@@ -335,3 +323,32 @@ def test_sweep_commands() -> None:
     prefill = records.flags_of(records.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
     assert prefill["centralized"] is True and prefill["prefill"] is True and prefill["max-new-tokens"] == 96
     assert records.method("methods", "centralized").flags.get("prefill") is None
+
+
+def test_the_page_is_what_render_makes_of_the_records(results) -> None:
+    """docs/results.md's generated sections (tables, tests, provenance, readings) are what ``render`` makes
+    of the records in docs/results/: a record added, or a reading changed in code, without a render
+    fails here."""
+    page = results.PAGE.read_text(encoding="utf-8")
+    texts, totals = results.sections(results.RECORDS, 3)
+    assert results.render_page(page, texts) == page, "docs/results.md is stale: run `python bench/results.py render`"
+    assert totals["runs"] < totals["records"]  # reused records and the sweep's seed-0 copies count once
+
+
+def test_the_pages_hand_written_text_states_no_number(results) -> None:
+    """Every number of docs/results.md is rendered from the records: outside the generated sections only
+    code, commands, links, section and issue numbers and list markers carry digits."""
+    import re
+
+    text = re.sub(r"<!-- results:(\S+):begin.*?<!-- results:\1:end[^\n]*", "", results.PAGE.read_text(encoding="utf-8"),
+                  flags=re.S)
+    text = re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.S)
+    typed = []
+    for line in text.splitlines():
+        bare = re.sub(r"\]\([^)]*\)", "]", line)  # link targets
+        bare = re.sub(r"^(#+ )?\d+\. ", "", bare)  # numbered headings and list items
+        bare = re.sub(r"([Ss]ections?|Figure|#) ?\d+", "", bare)
+        bare = re.sub(r"[A-Za-z_-]\d+", "", bare)  # names such as SmolLM2-135M
+        if re.search(r"\d", bare):
+            typed.append(line)
+    assert typed == [], "numbers typed by hand in docs/results.md (render them from the records):\n" + "\n".join(typed)
