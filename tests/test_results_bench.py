@@ -352,3 +352,64 @@ def test_the_pages_hand_written_text_states_no_number(results) -> None:
         if re.search(r"\d", bare):
             typed.append(line)
     assert typed == [], "numbers typed by hand in docs/results.md (render them from the records):\n" + "\n".join(typed)
+
+
+def _record(method: str, seed: int, **fields) -> dict:
+    return {"comparison": "cory", "method": method, "label": method.upper(), "seed": seed, "learner": method,
+            "wall_s": 1.0, "load_average_1min": {"start": 0.0, "end": 0.0}, "finished": "now", "commit": None,
+            "curve": {}, "eval": {}, "eval_before": {}, **fields}
+
+
+def test_provenance_counts_unknown_apart_and_derives_the_sampler_from_git(results, tmp_path) -> None:
+    reading = sys.modules["results_reading"]
+    epyc = {"cpu": "AMD EPYC", "isa": ["avx2"], "dtype": "bfloat16", "threads": 1, "host": "a"}
+    xeon = {**epyc, "cpu": "Intel Xeon", "host": "b"}
+    one_and_unknown = [_record("ppo", 0, machine=epyc), _record("ppo", 1)]
+    text = reading.provenance(one_and_unknown, tmp_path)
+    assert "1 CPU kind: AMD EPYC (avx2) (1 runs), unknown (1 runs did not record it)" in text
+    assert "one CPU kind" not in text  # a record without a machine is not a second machine, nor the same one
+    two = reading.provenance([_record("ppo", 0, machine=epyc), _record("ppo", 1, machine=xeon)], tmp_path)
+    assert "2 CPU kinds: AMD EPYC (avx2) (1 runs), Intel Xeon (avx2) (1 runs)" in two and "2 hosts" in two
+    # A run shown twice (a reused record, the sweep's seed-0 copy) counts once.
+    copy = _record("ppo", 2, machine=epyc, copied_from="cory/ppo__s0.json")
+    assert "(1 distinct runs)" in reading.provenance([_record("ppo", 0, machine=epyc), copy], tmp_path)
+    # The sampler, from the commit: the counter-based draw's own commit, one before it, one git does not know.
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    draw = subprocess.run(["git", "rev-parse", reading.COUNTER_DRAW], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert reading.sampler_of(draw, tmp_path) == "counter-based"
+    assert reading.sampler_of(first, tmp_path) == "earlier"
+    assert reading.sampler_of("f" * 40, tmp_path) == reading.sampler_of(None, tmp_path) == "unknown"
+    reading.save_samplers(tmp_path)
+    assert json.loads((tmp_path / "samplers.json").read_text()) == {draw: "counter-based", first: "earlier"}
+
+
+def test_a_non_finite_value_shows_in_the_tables_and_the_last_5_mean(results, tmp_path) -> None:
+    """A NaN in a CORY curve's last iterations makes that seed's final mean NaN, counted in every cell
+    (n and a mark), never averaged away; the tests skip a comparison they cannot compute."""
+    page = sys.modules[results.render.__module__]
+    curve = {f"agent_agent/{k}": [0.5] * 6 for k in ("task_reward", "kl", "combined")}
+    broken = {**curve, "agent_agent/kl": [0.5] * 5 + [math.nan]}
+    records = [_record("ppo", 0, curve=curve, eval={"total": 0.2}), _record("ppo", 1, curve=broken, eval={"total": 0.3})]
+    summary = page.summarise("cory", records)
+    assert summary["ppo"]["final"]["agent"]["kl"] == (0.5, 0.0, 1, 1)
+    assert summary["ppo"]["final"]["agent"]["task_reward"] == (0.5, 0.0, 2, 0)
+    table = page.tables("cory", summary, records, tmp_path)
+    assert "| PPO | agent | 0.500 ± 0.000 (n=2) | 0.500 ± 0.000 (n=1, ⚠ 1 non-finite) |" in table
+    records_module = sys.modules[results.run_records.__module__]
+    assert math.isnan(records_module._mean([1.0, math.nan])) and records_module._mean([1.0, 2.0]) == 1.5
+
+
+def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
+    records = sys.modules[results.run_records.__module__]
+    monkeypatch.setattr(records, "_COMMIT", ["abc+dirty"])
+    monkeypatch.setattr(records, "_DIFF", ["--- a/x\n+++ b/x\n"])
+    m = results.method("magrpo", "untrained-parallel")
+    record = records.make_record("magrpo", m, 0, ["eval", "--threads", "2"], '{"eval/total": 1.0}', 1.0, True, None,
+                                 (0.0, 0.0), 1.0)
+    assert record["commit"] == "abc+dirty" and record["diff"] == "--- a/x\n+++ b/x\n"
+    assert record["machine"]["threads"] == 2 and len(record["machine"]["host"]) == 12
+    monkeypatch.setattr(records, "_DIFF", [""])
+    assert "diff" not in records.make_record("magrpo", m, 0, ["eval"], '{"eval/total": 1.0}', 1.0, True, None,
+                                             (0.0, 0.0), 1.0)
