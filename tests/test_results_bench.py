@@ -391,7 +391,8 @@ def test_a_non_finite_value_shows_in_the_tables_and_the_last_5_mean(results, tmp
     page = sys.modules[results.render.__module__]
     curve = {f"agent_agent/{k}": [0.5] * 6 for k in ("task_reward", "kl", "combined")}
     broken = {**curve, "agent_agent/kl": [0.5] * 5 + [math.nan]}
-    records = [_record("ppo", 0, curve=curve, eval={"total": 0.2}), _record("ppo", 1, curve=broken, eval={"total": 0.3})]
+    records = [_record("ppo", 0, curve=curve, eval={"total": 0.2}),
+               _record("ppo", 1, curve=broken, eval={"total": 0.3})]
     summary = page.summarise("cory", records)
     assert summary["ppo"]["final"]["agent"]["kl"] == (0.5, 0.0, 1, 1)
     assert summary["ppo"]["final"]["agent"]["task_reward"] == (0.5, 0.0, 2, 0)
