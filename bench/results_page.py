@@ -325,12 +325,13 @@ def sweep_table(summary: dict[str, Any], out: Path) -> list[str]:
                 lines.append(f"| {method('methods', name).label} | {rate:g} | (missing) | | | | | |")
                 continue
             val = entry.get("validation", {})
-            total = f"{val['total'][0]:.3f}" if "total" in val else "—"
+            total = value(val["total"].mean) if "total" in val else "—"
             total = f"**{total}**" if best == rate else total
-            cells = [f"{val[c][0]:.3f}" if c in val else "—" for c in ("structure", "length")]
-            accuracy = f"{entry['rm_heldout_accuracy'][0]:.3f}" if "rm_heldout_accuracy" in entry else "—"
+            cells = [value(val[c].mean) if c in val else "—" for c in ("structure", "length")]
+            accuracy = value(entry["rm_heldout_accuracy"].mean) if "rm_heldout_accuracy" in entry else "—"
             lines.append(f"| {method('methods', name).label} | {rate:g} | {total} | {' | '.join(cells)} | "
-                         f"{entry['eval']['total'][0]:.3f} | {entry['eval_before']['total'][0]:.3f} | {accuracy} |")
+                         f"{value(entry['eval']['total'].mean)} | {value(entry['eval_before']['total'].mean)} | "
+                         f"{accuracy} |")
     return lines
 
 
