@@ -269,7 +269,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
             cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
             lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {fmt(*entry['eval_before']['total'])} |")
     else:
-        lines.append("| method | model | task reward (last 5 it.) | KL (last 5 it.) | r - 0.01 KL | eval after |")
+        lines.append(f"| method | model | task reward (last {LAST} it.) | KL (last {LAST} it.) | r - 0.01 KL | "
+                     "eval after |")
         lines.append("|---|---|---|---|---|---|")
         for entry in summary.values():
             for model, values in entry["final"].items():

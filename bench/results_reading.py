@@ -13,11 +13,12 @@ import json
 import math
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from results_records import LAST, ROOT, SWEEP_RATES, chosen_rate, sweep_name
-from results_stats import holm, paired_t, welch_t
+from results_stats import TTest, holm, paired_t, welch_t
 
 Record = dict[str, Any]
 Value = Callable[[Record], float]
@@ -238,39 +239,67 @@ def against(baseline: str, others: Sequence[str], what: str = "eval total",
 
 
 def _p(p: float) -> str:
-    return "—" if math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else "<0.001")
+    return "—" if math.isnan(p) else (f"{p:.3g}" if p >= 0.001 else "<0.001")
+
+
+@dataclass(frozen=True)
+class Tested:
+    """One comparison of a section, tested: A's and B's values by seed, the paired and Welch tests, and
+    their p-values after Holm's correction over the section's family of comparisons."""
+
+    what: str
+    a: str
+    b: str
+    values_a: dict[int, float]
+    values_b: dict[int, float]
+    paired: TTest
+    welch: TTest
+    paired_holm: float
+    welch_holm: float
+
+    @property
+    def shared(self) -> list[int]:
+        return sorted(set(self.values_a) & set(self.values_b))
+
+
+def family_tests(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[Tested]:
+    """Every comparison of a section tested, paired (on the seeds A and B share: the same eval articles
+    and sampling seed) and by Welch, each family corrected by Holm (comparisons with no test, fewer than
+    two values a side or no spread, are not counted in it)."""
+    found = []
+    for what, a, b, value in comparisons:
+        ra, rb = by_seed(records, a, value), by_seed(records, b, value)
+        shared = sorted(set(ra) & set(rb))
+        found.append((what, a, b, ra, rb, paired_t([ra[s] for s in shared], [rb[s] for s in shared]),
+                      welch_t(list(ra.values()), list(rb.values()))))
+    paired_holm, welch_holm = holm([f[5].p for f in found]), holm([f[6].p for f in found])
+    return [Tested(*f, ph, wh) for f, ph, wh in zip(found, paired_holm, welch_holm)]
 
 
 def tests_table(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
     """Markdown: per comparison the mean difference A - B, the seed-by-seed differences, the paired
-    t-test (the seeds of A and B share their eval articles and sampling seed) and Welch's, each with
-    Holm's correction over the comparisons of this table that have a test."""
-    rows, paired, welch = [], [], []
-    for what, a, b, value in comparisons:
-        ra, rb = by_seed(records, a, value), by_seed(records, b, value)
-        shared = sorted(set(ra) & set(rb))
-        pt, wt = paired_and_welch(records, a, b, value)
-        paired.append(pt.p)
-        welch.append(wt.p)
-        diffs = ", ".join(f"{v3(ra[s] - rb[s])} (s{s})" for s in shared) or "no shared seed"
-        mean_a = sum(ra.values()) / len(ra) if ra else math.nan
-        mean_b = sum(rb.values()) / len(rb) if rb else math.nan
-        rows.append([what, f"{method_label(records, a)} - {method_label(records, b)}", v3(mean_a - mean_b), diffs,
-                     pt, wt, f"{len(ra)} + {len(rb)}"])
-    paired_holm, welch_holm = holm(paired), holm(welch)
-    family = sum(1 for p in paired if not math.isnan(p))
-    lines = [f"Tests (two-sided; Holm's correction over the {family} paired and "
-             f"{sum(1 for p in welch if not math.isnan(p))} Welch tests of this table; n < 2 a side, or no "
-             "spread: no test):", "",
+    t-test and Welch's, each with its p after Holm's correction over the comparisons of this table."""
+    tested = family_tests(records, comparisons)
+    lines = [f"Tests (two-sided; Holm's correction over the {sum(1 for t in tested if not math.isnan(t.paired.p))} "
+             f"paired and {sum(1 for t in tested if not math.isnan(t.welch.p))} Welch tests of this table; n < 2 a "
+             "side, or no spread: no test):", "",
              "| measure | A - B | mean difference | per seed | paired t (df), p, Holm p | Welch t (df), p, Holm p | "
              "seeds |",
              "|---|---|---|---|---|---|---|"]
-    for row, ph, wh in zip(rows, paired_holm, welch_holm):
-        what, names, diff, diffs, pt, wt, n = row
-        paired_cell = "—" if math.isnan(pt.p) else f"{pt.t:.2f} ({pt.df:.0f}), {_p(pt.p)}, **{_p(ph)}**"
-        welch_cell = "—" if math.isnan(wt.p) else f"{wt.t:.2f} ({wt.df:.1f}), {_p(wt.p)}, **{_p(wh)}**"
-        lines.append(f"| {what} | {names} | {diff} | {diffs} | {paired_cell} | {welch_cell} | {n} |")
+    for t in tested:
+        diffs = ", ".join(f"{v3(t.values_a[s] - t.values_b[s])} (s{s})" for s in t.shared) or "no shared seed"
+        diff = _mean(list(t.values_a.values())) - _mean(list(t.values_b.values()))
+        paired = "—" if math.isnan(t.paired.p) else \
+            f"{t.paired.t:.2f} ({t.paired.df:.0f}), {_p(t.paired.p)}, **{_p(t.paired_holm)}**"
+        welch = "—" if math.isnan(t.welch.p) else \
+            f"{t.welch.t:.2f} ({t.welch.df:.1f}), {_p(t.welch.p)}, **{_p(t.welch_holm)}**"
+        lines.append(f"| {t.what} | {method_label(records, t.a)} - {method_label(records, t.b)} | {v3(diff)} | "
+                     f"{diffs} | {paired} | {welch} | {len(t.values_a)} + {len(t.values_b)} |")
     return lines
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def by_seed(records: Sequence[Record], name: str, value: Value) -> dict[int, float]:
@@ -281,13 +310,6 @@ def by_seed(records: Sequence[Record], name: str, value: Value) -> dict[int, flo
 def method_label(records: Sequence[Record], name: str) -> str:
     mine = of_method(records, name)
     return mine[0]["label"] if mine else name
-
-
-def paired_and_welch(records: Sequence[Record], a: str, b: str, value: Value | None = None) -> tuple[Any, Any]:
-    """The paired and Welch tests of one comparison (for a sentence; the table has the corrected p)."""
-    ra, rb = by_seed(records, a, value or ev()), by_seed(records, b, value or ev())
-    shared = sorted(set(ra) & set(rb))
-    return paired_t([ra[s] for s in shared], [rb[s] for s in shared]), welch_t(list(ra.values()), list(rb.values()))
 
 
 # ------------------------------------------------------------------------------------------ settings
@@ -445,13 +467,10 @@ def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
                    "fallback cuts the response at one third of its characters, which puts the two parts in the "
                    "length band for most texts.")
         if team:
-            paired, welch = paired_and_welch(records, "magrpo", "single-reference")
-            out.append(f"  Against MAGRPO's {ms([ev()(r) for r in team])}: the difference is not significant "
-                       f"(paired p {_p(paired.p)}, Welch p {_p(welch.p)}; the table above)" if paired.p > 0.05 else
-                       f"  Against MAGRPO's {ms([ev()(r) for r in team])}: paired p {_p(paired.p)}, Welch p "
-                       f"{_p(welch.p)}")
-            out[-1] += ("; this baseline measures one text cut at a fixed ratio more than a single model writing two "
-                        "parts, so `strict` is the comparison that asks for the format.")
+            tested = next(t for t in family_tests(records, SECTION_TESTS["magrpo"]) if t.b == "single-reference")
+            out.append(f"  Against MAGRPO's {ms([ev()(r) for r in team])}: {verdict(tested)}. This baseline measures "
+                       "one text cut at a fixed ratio more than a single model writing two parts; `strict` is the "
+                       "comparison that asks for the format.")
     if turns:
         second_b, second_a = [ev(split="eval_before")(r) for r in turns], [ev()(r) for r in turns]
         ret_b, ret_a = [ev("return", "eval_before")(r) for r in turns], [ev("return")(r) for r in turns]
@@ -470,7 +489,7 @@ def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
             out.append(f"  The trained first turn against single-turn MAGRPO: {ms(first_a)} against "
                        f"{ms([ev()(r) for r in team])} (seed by seed {slash(first_a)} against "
                        f"{slash(ev()(r) for r in team)}).")
-    return out
+    return out + against_baseline(records, SECTION_TESTS["magrpo"])
 
 
 def pioneer(r: Record) -> float:
@@ -478,16 +497,15 @@ def pioneer(r: Record) -> float:
     return float(r["eval"].get("sentiment_pioneer", r["eval"].get("sentiment", math.nan)))
 
 
+def _per_model(model: str, key: str) -> Value:
+    """CORY's ``model``'s final ``key``, PPO's one model's (``agent``) for a PPO record."""
+    return lambda r: final(model if r["learner"] == "cory" else "agent", key)(r)
+
+
 CORY_TESTS: list[Comparison] = [
     ("eval pioneer sentiment", "cory", "ppo", pioneer),
-    ("task reward, last 5 it. (CORY model_0 / PPO)", "cory", "ppo",
-     lambda r: final("model_0" if r["learner"] == "cory" else "agent", "task_reward")(r)),
-    ("task reward, last 5 it. (CORY model_1 / PPO)", "cory", "ppo",
-     lambda r: final("model_1" if r["learner"] == "cory" else "agent", "task_reward")(r)),
-    ("KL, last 5 it. (CORY model_0 / PPO)", "cory", "ppo",
-     lambda r: final("model_0" if r["learner"] == "cory" else "agent", "kl")(r)),
-    ("KL, last 5 it. (CORY model_1 / PPO)", "cory", "ppo",
-     lambda r: final("model_1" if r["learner"] == "cory" else "agent", "kl")(r)),
+    *[(f"{what} of CORY's {model} vs PPO's, last {LAST} it.", "cory", "ppo", _per_model(model, key))
+      for key, what in (("task_reward", "task reward"), ("kl", "KL")) for model in ("model_0", "model_1")],
 ]
 
 
@@ -557,7 +575,7 @@ def reading_cory(records: Sequence[Record]) -> list[str]:
                        f"{slash((final(m, 'kl')(ref) for m in ('model_0', 'model_1')), 2)} (`model_0`, `model_1`, "
                        f"last 5 "
                        "iterations).")
-    return out
+    return out + against_baseline(records, SECTION_TESTS["cory"])
 
 
 def reading_preference(records: Sequence[Record]) -> list[str]:
@@ -598,7 +616,7 @@ def reading_preference(records: Sequence[Record]) -> list[str]:
                    "margin "
                    f"{slash(margin, 0)} nats: it fits its pairs at the learning rate every method shares here "
                    f"({madpo[0]['flags'].get('learning-rate')}); section 4 gives it its own.")
-    return out
+    return out + against_baseline(records, SECTION_TESTS["preference"])
 
 
 def sweep_line(sweep: Sequence[Record], name: str, chosen: float | None) -> str:
@@ -619,7 +637,6 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
     if records:
         out.append("- " + cpu_line(records))
     rates = {name: chosen_rate(out_dir, name) for name in SWEEP_RATES}
-    team = of_method(records, "magrpo")
 
     def at(name: str) -> str:
         mine = of_method(records, name)
@@ -714,21 +731,36 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
             out.append(f"  At {rate:g}: training `sections_found` peaks at {v3(peak, 2)} (iteration "
                        f"{first_iteration(r, 'reward/sections_found', lambda x, p=peak: x == p)}) and ends at "
                        f"{v3(curve[-1], 2)}; eval total {v3(ev()(r))}.")
-    if team:
-        others = [n for n in ("madpo-iterative", "madpo", "marlhf", "centralized-prefill", "centralized")
-                  if of_method(records, n)]
-        t = {r["seed"]: ev()(r) for r in team}
-        parts = []
-        for n in others:
-            mine = {r["seed"]: ev()(r) for r in of_method(records, n)}
-            shared = sorted(set(t) & set(mine))
-            ahead = sum(1 for s in shared if t[s] > mine[s])
-            parts.append(f"{method_label(records, n)} {ms(list(mine.values()))}, team ahead on "
-                         f"{of(ahead, len(shared))} "
-                         f"shared seeds (by {slash(t[s] - mine[s] for s in shared)})")
-        out.append(f"- **The team ({ms(list(t.values()))}) against each learner, seed by seed:** " + "; ".join(parts)
-                   + ". The tests table above says which of these margins hold after Holm's correction.")
+    return out + against_baseline(records, SECTION_TESTS["methods"])
+
+
+def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
+    """The reading any section of comparisons against a baseline can have (``SECTION_TESTS``): per
+    comparison both means, on how many shared seeds A is ahead of B and by how much, and whether the
+    difference holds after Holm's correction."""
+    out = []
+    for t in family_tests(records, comparisons):
+        if not (t.values_a and t.values_b):
+            continue
+        ahead = sum(1 for seed in t.shared if t.values_a[seed] > t.values_b[seed])
+        out.append(f"- **{method_label(records, t.a)} against {method_label(records, t.b)}** ({t.what}): "
+                   f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}; above it on "
+                   f"{of(ahead, len(t.shared))} shared seeds (A - B: "
+                   f"{slash(t.values_a[seed] - t.values_b[seed] for seed in t.shared)}); {verdict(t)}.")
     return out
+
+
+def verdict(t: Tested, level: float = 0.05) -> str:
+    """Whether a comparison's difference holds at ``level`` after Holm's correction, paired and Welch."""
+    if math.isnan(t.paired_holm) and math.isnan(t.welch_holm):
+        return "no test (fewer than two seeds a side, or no spread)"
+    holds = [name for name, p in (("paired", t.paired_holm), ("Welch", t.welch_holm)) if p < level]
+    shown = f"Holm-corrected p {_p(t.paired_holm)} paired, {_p(t.welch_holm)} Welch"
+    if len(holds) == 2:
+        return f"significant at {level:g} by both tests ({shown})"
+    if holds:
+        return f"significant at {level:g} by the {holds[0]} test only ({shown})"
+    return f"not significant at {level:g} ({shown})"
 
 
 SECTION_TESTS: dict[str, list[Comparison]] = {
@@ -738,20 +770,30 @@ SECTION_TESTS: dict[str, list[Comparison]] = {
     "preference": against("magrpo", ["centralized", "madpo"]),
     "methods": against("magrpo", ["madpo-iterative", "madpo", "marlhf", "centralized-prefill", "centralized"]),
 }
-"""Each section's comparisons, tested in its table (one family for Holm's correction)."""
+"""Each section's comparisons, tested in its table (one family for Holm's correction) and read by
+:func:`against_baseline`; a new section adds its entry (``against(baseline, others)``)."""
+
+Records = Sequence[Record]
+READINGS: dict[str, Callable[[Mapping[str, Records], Path, int], list[str]]] = {
+    "magrpo": lambda of, out, smoothing: reading_magrpo(of["magrpo"], smoothing),
+    "cory": lambda of, out, smoothing: reading_cory(of["cory"]),
+    "preference": lambda of, out, smoothing: reading_preference(of["preference"]),
+    "methods": lambda of, out, smoothing: reading_methods(of["methods"], of.get("sweep", []), of.get("preference", []),
+                                                         out),
+}
+"""Each section's own reading, from the records of every comparison (by name), the records' folder and
+the figures' smoothing. A section with tests (``SECTION_TESTS``) and no entry here reads
+:func:`against_baseline`; one with neither has no reading (the sweep, read in ``methods``'s)."""
 
 
-def reading(comparison: str, records_of: Mapping[str, Sequence[Record]], out: Path, smoothing: int) -> str | None:
-    """The reading of one section, from its records (None: the section has no reading)."""
+def reading(comparison: str, records_of: Mapping[str, Records], out: Path, smoothing: int) -> str | None:
+    """The reading of one section, from the records (None: the section has no reading; the page then
+    needs no ``<comparison>-reading`` markers)."""
     records = records_of[comparison]
-    if comparison == "magrpo":
-        lines = reading_magrpo(records, smoothing)
-    elif comparison == "cory":
-        lines = reading_cory(records)
-    elif comparison == "preference":
-        lines = reading_preference(records)
-    elif comparison == "methods":
-        lines = reading_methods(records, records_of.get("sweep", []), records_of.get("preference", []), out)
+    if comparison in READINGS:
+        lines = READINGS[comparison](records_of, out, smoothing)
+    elif comparison in SECTION_TESTS:
+        lines = against_baseline(records, SECTION_TESTS[comparison])
     else:
         return None
     if not records:
