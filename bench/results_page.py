@@ -154,7 +154,9 @@ def _band(ax: Any, curves: list[list[float]], color: str, label: str, smoothing:
     stack = np.array([smooth(c[:length], smoothing) for c in curves])  # (seeds, iterations)
     x = np.arange(1, length + 1)
     mean = np.nanmean(stack, axis=0)
-    ax.plot(x, mean, style, color=color, linewidth=2, label=f"{label} (n={len(curves)})")
+    broken = int((~np.isfinite(stack)).any(axis=1).sum())  # seeds with a non-finite value: said, not hidden
+    ax.plot(x, mean, style, color=color, linewidth=2,
+            label=f"{label} (n={len(curves)}" + (f", ⚠ {broken} with non-finite values)" if broken else ")"))
     if len(curves) > 1:
         std = np.nanstd(stack, axis=0, ddof=1)
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
