@@ -17,7 +17,7 @@ from results_reading import (
     sampling_note,
     save_samplers,
     settings,
-    tests_table,
+    significance_table,
 )
 from results_records import (
     COMPARISONS,
@@ -282,7 +282,7 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
                              f"{fmt(*values['combined'])} | {shown} |")
     if comparison in SECTION_TESTS and records:
         lines.append("")
-        lines += tests_table(records, SECTION_TESTS[comparison])
+        lines += significance_table(records, SECTION_TESTS[comparison])
     lines.append("")
     lines.append("Records (one per method and seed; wall = seconds of that run on a machine shared with other jobs):")
     lines.append("")

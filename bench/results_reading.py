@@ -4,9 +4,12 @@ Holm's correction, the settings the records share, and the sentences of each sec
 sentence states only what its function computes from the records; where the records cannot support a
 claim, the function does not write it.
 
-A new comparison's section reuses the same pieces: :func:`provenance` and :func:`tests_table` take any
-records, :func:`against` builds the "each method against a baseline" comparisons, :func:`settings` the
-flags its records share."""
+A new comparison's section reuses the same pieces: :func:`provenance` and :func:`significance_table` take
+any records, :func:`against` builds the "each method against a baseline" comparisons (one entry of
+:data:`SECTION_TESTS` gives the section its tests table and, without a :data:`READINGS` entry of its
+own, the reading :func:`against_baseline`), :func:`settings` the flags its records share. The page then
+needs the section's markers: ``<comparison>``, ``<comparison>-settings`` and ``<comparison>-reading``
+(``render`` names any that is missing)."""
 
 import functools
 import json
@@ -276,7 +279,7 @@ def family_tests(records: Sequence[Record], comparisons: Sequence[Comparison]) -
     return [Tested(*f, ph, wh) for f, ph, wh in zip(found, paired_holm, welch_holm)]
 
 
-def tests_table(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
+def significance_table(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
     """Markdown: per comparison the mean difference A - B, the seed-by-seed differences, the paired
     t-test and Welch's, each with its p after Holm's correction over the comparisons of this table."""
     tested = family_tests(records, comparisons)
