@@ -414,3 +414,28 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
     monkeypatch.setattr(records, "_DIFF", [""])
     assert "diff" not in records.make_record("magrpo", m, 0, ["eval"], '{"eval/total": 1.0}', 1.0, True, None,
                                              (0.0, 0.0), 1.0)
+
+
+def test_a_reading_states_what_its_records_show(results) -> None:
+    """The reading of a comparison against a baseline is computed: the seeds on which A is above B, the
+    differences, and the verdict after Holm's correction over the section's comparisons."""
+    reading = sys.modules["results_reading"]
+
+    def runs(name: str, totals: list[float]) -> list[dict]:
+        return [_record(name, seed, label=name, eval={"total": t}) for seed, t in enumerate(totals)]
+
+    records = runs("team", [2.0, 2.5, 3.0]) + runs("a", [1.0, 1.4, 2.1]) + runs("b", [2.1, 2.4, 2.9]) + runs("c", [0.5])
+    comparisons = reading.against("team", ["a", "b", "c"])
+    text = "\n".join(reading.against_baseline(records, comparisons))
+    # team - a = (1.0, 1.1, 0.9): paired t = 1.0 / (0.1 / sqrt 3) = 17.3 on 2 df, p = 0.0033; x2 (Holm, 2 tests).
+    tested = reading.family_tests(records, comparisons)
+    assert tested[0].paired.p == pytest.approx(1.0 - tested[0].paired.t / math.sqrt(2.0 + tested[0].paired.t**2))
+    assert tested[0].paired_holm == pytest.approx(2 * tested[0].paired.p)
+    first = text.split("\n")[0]
+    assert "**team against a** (eval total)" in first and "all 3 shared seeds (A - B: 1.000 / 1.100 / 0.900)" in first
+    # The seeds' spread is wide but each seed's difference is steady: the paired test sees it, Welch's does not.
+    assert "significant at 0.05 by the paired test only" in first
+    assert "above it on 2 of 3 shared seeds" in text.split("\n")[1] and "not significant" in text.split("\n")[1]
+    assert "no test (fewer than two seeds a side, or no spread)" in text.split("\n")[2]
+    table = "\n".join(reading.significance_table(records, comparisons))
+    assert "Holm's correction over the 2 paired and 2 Welch tests" in table  # c (one seed) has no test
