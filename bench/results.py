@@ -25,7 +25,10 @@ through their command line (``llm-envs train ...`` / ``llm-envs eval ...``, in t
 its own run directory under ``--runs-dir``.
 
 This file is the command line; the comparisons and their records are in ``results_records.py``, the
-summaries, figures and the page's tables in ``results_page.py``.
+summaries, figures and the page's tables in ``results_page.py``, what the page says about the records
+(readings, provenance, the paired and Welch tests with Holm's correction) in ``results_reading.py`` and
+``results_stats.py``. The page holds no number typed by hand: ``render`` writes every one from the records,
+and ``tests/test_results_bench.py`` fails when docs/results.md differs from what it renders.
 
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
     python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
@@ -49,12 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, when l
 from results_page import MARKER as MARKER
 from results_page import mean_std as mean_std
 from results_page import render
+from results_page import render_page as render_page
 from results_page import replace_section as replace_section
+from results_page import sections as sections
 from results_records import (
     COMPARISONS,
     DEFAULT_SEEDS,
-    PAGE,
-    RECORDS,
     ROOT,
     completion_commands,
     load_records,
@@ -67,7 +70,9 @@ from results_records import CORY_SETTINGS as CORY_SETTINGS
 from results_records import FIXED_RATE as FIXED_RATE
 from results_records import MAGRPO_SETTINGS as MAGRPO_SETTINGS
 from results_records import METHODS_SETTINGS as METHODS_SETTINGS
+from results_records import PAGE as PAGE
 from results_records import PREFERENCE_SETTINGS as PREFERENCE_SETTINGS
+from results_records import RECORDS as RECORDS
 from results_records import SWEEP_RATES as SWEEP_RATES
 from results_records import chosen_rate as chosen_rate
 from results_records import flags_of as flags_of

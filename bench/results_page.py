@@ -7,10 +7,21 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from results_reading import (
+    SECTION_TESTS,
+    distinct_runs,
+    provenance,
+    reading,
+    sampling_note,
+    save_samplers,
+    settings,
+    significance_table,
+)
 from results_records import (
     COMPARISONS,
+    LAST,
     completion_commands,
     load_records,
     machine_label,
@@ -21,19 +32,47 @@ from results_records import (
 
 
 # ------------------------------------------------------------------------------------------ summaries
-def mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    """Mean, sample std (0 for one value) and count of the finite values.
+class Summary(NamedTuple):
+    """Mean and sample std (0 for one value) of the finite values, their count ``n``, and how many values
+    were not finite (NaN or infinite): never dropped silently, every table shows them."""
+
+    mean: float
+    std: float
+    n: int
+    nonfinite: int = 0
+
+
+def mean_std(values: Sequence[float | None]) -> Summary:
+    """Mean, sample std and count of the finite values, and the count of the others.
 
     >>> mean_std([1.0, 2.0, 3.0])
-    (2.0, 1.0, 3)
+    Summary(mean=2.0, std=1.0, n=3, nonfinite=0)
+    >>> mean_std([1.0, float("nan")])
+    Summary(mean=1.0, std=0.0, n=1, nonfinite=1)
     """
     finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    nonfinite = sum(1 for v in values if v is not None and not math.isfinite(v))
     if not finite:
-        return math.nan, math.nan, 0
+        return Summary(math.nan, math.nan, 0, nonfinite)
     mean = sum(finite) / len(finite)
     if len(finite) == 1:
-        return mean, 0.0, 1
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)), len(finite)
+        return Summary(mean, 0.0, 1, nonfinite)
+    return Summary(mean, math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1)), len(finite), nonfinite)
+
+
+def last_mean(values: Sequence[float], last: int = LAST) -> float:
+    """The mean of a curve's last ``last`` values; NaN when any of them is not finite (a failed iteration
+    shows as such in the tables, it is not averaged away).
+
+    >>> last_mean([9.0, 1.0, 2.0], last=2)
+    1.5
+    >>> last_mean([1.0, float("nan")], last=2)
+    nan
+    """
+    window = [float(v) for v in values[-last:]]
+    if not window or not all(math.isfinite(v) for v in window):
+        return math.nan
+    return sum(window) / len(window)
 
 
 WRITING = ("magrpo", "preference", "methods", "sweep")
@@ -56,10 +95,25 @@ def last_finite(values: Sequence[float]) -> float:
     return finite[-1] if finite else math.nan
 
 
-def fmt(mean: float, std: float, n: int, digits: int = 3) -> str:
-    if n == 0:
-        return "—"
-    return f"{mean:.{digits}f} ± {std:.{digits}f} (n={n})"
+def fmt(mean: float, std: float, n: int, nonfinite: int = 0, digits: int = 3) -> str:
+    """``mean ± std (n=N)``; values that were not finite are counted beside n with a mark.
+
+    >>> fmt(2.0, 0.5, 2, 1)
+    '2.000 ± 0.500 (n=2, ⚠ 1 non-finite)'
+    """
+    shown = "—" if n == 0 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    if nonfinite:
+        return f"{shown} (n={n}, ⚠ {nonfinite} non-finite)"
+    return shown if n == 0 else f"{shown} (n={n})"
+
+
+def value(v: float, digits: int = 3) -> str:
+    """One value: ``0.123``, or ``⚠ nan`` / ``⚠ inf`` for a value that is not finite.
+
+    >>> value(float("nan"))
+    '⚠ nan'
+    """
+    return f"{v:.{digits}f}" if math.isfinite(v) else f"⚠ {v}"
 
 
 def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -84,8 +138,9 @@ def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             if any(math.isfinite(a) for a in accuracy):
                 entry["rm_heldout_accuracy"] = mean_std(accuracy)
         else:
-            entry["final"] = {
-                model: {k: mean_std([r["final"][model][k] for r in mine]) for k in ("task_reward", "kl", "combined")}
+            entry["final"] = {  # from the curves: a record's stored mean dropped non-finite values
+                model: {k: mean_std([last_mean(r["curve"][f"agent_{model}/{k}"]) for r in mine])
+                        for k in ("task_reward", "kl", "combined")}
                 for model in m.models
             }
             keys = sorted({k for r in mine for k in r["eval"]})
@@ -105,7 +160,9 @@ def _band(ax: Any, curves: list[list[float]], color: str, label: str, smoothing:
     stack = np.array([smooth(c[:length], smoothing) for c in curves])  # (seeds, iterations)
     x = np.arange(1, length + 1)
     mean = np.nanmean(stack, axis=0)
-    ax.plot(x, mean, style, color=color, linewidth=2, label=f"{label} (n={len(curves)})")
+    broken = int((~np.isfinite(stack)).any(axis=1).sum())  # seeds with a non-finite value: said, not hidden
+    ax.plot(x, mean, style, color=color, linewidth=2,
+            label=f"{label} (n={len(curves)}" + (f", ⚠ {broken} with non-finite values)" if broken else ")"))
     if len(curves) > 1:
         std = np.nanstd(stack, axis=0, ddof=1)
         ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
@@ -146,7 +203,7 @@ def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Pa
         for j, (key, shade) in enumerate((("eval_before", 0.35), ("eval", 1.0))):
             if untrained and key == "eval_before":
                 continue
-            mean, std, n = summary[name][key].get("total", (math.nan, math.nan, 0))
+            mean, std, n, _ = summary[name][key].get("total", mean_std([]))
             if n:
                 axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std, color=colors[name], alpha=shade, capsize=3)
     axes[1].set_xticks(range(len(names)), [summary[n]["label"].replace(", ", "\n") for n in names], fontsize=7)
@@ -234,7 +291,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
             cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
             lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {fmt(*entry['eval_before']['total'])} |")
     else:
-        lines.append("| method | model | task reward (last 5 it.) | KL (last 5 it.) | r - 0.01 KL | eval after |")
+        lines.append(f"| method | model | task reward (last {LAST} it.) | KL (last {LAST} it.) | r - 0.01 KL | "
+                     "eval after |")
         lines.append("|---|---|---|---|---|---|")
         for entry in summary.values():
             for model, values in entry["final"].items():
@@ -242,8 +300,11 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
                 shown = ", ".join(f"{k} {fmt(*v)}" for k, v in evals.items())
                 lines.append(f"| {entry['label']} | {model} | {fmt(*values['task_reward'])} | {fmt(*values['kl'])} | "
                              f"{fmt(*values['combined'])} | {shown} |")
+    if comparison in SECTION_TESTS and records:
+        lines.append("")
+        lines += significance_table(records, SECTION_TESTS[comparison])
     lines.append("")
-    lines.append("Records (one per method and seed; wall = seconds of that run on the shared 2-core machine):")
+    lines.append("Records (one per method and seed; wall = seconds of that run on a machine shared with other jobs):")
     lines.append("")
     lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit | machine, dtype |")
     lines.append("|---|---|---|---|---|---|---|")
@@ -254,14 +315,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
         lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
                      f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} | "
                      f"{machine_label(r)} |")
-    machines = sorted({machine_label(r) for r in records})
-    if len(machines) == 1:
-        lines.append("")
-        lines.append(f"Every record of this table ran on one machine: {machines[0]}.")
-    elif machines:
-        lines.append("")
-        lines.append(f"**The records of this table ran on {len(machines)} machines** (their column above): "
-                     "a seed repeats on one kind of CPU, not across them.")
+    lines.append("")
+    lines.append(provenance(records, out))
     missing = missing_records(out, comparison)
     lines.append("")
     if missing:
@@ -295,12 +350,13 @@ def sweep_table(summary: dict[str, Any], out: Path, comparison: str = "methods")
                 lines.append(f"| {label} | {rate:g} | (missing) | | | | | |")
                 continue
             val = entry.get("validation", {})
-            total = f"{val['total'][0]:.3f}" if "total" in val else "—"
+            total = value(val["total"].mean) if "total" in val else "—"
             total = f"**{total}**" if best == rate else total
-            cells = [f"{val[c][0]:.3f}" if c in val else "—" for c in shown]
-            accuracy = f"{entry['rm_heldout_accuracy'][0]:.3f}" if "rm_heldout_accuracy" in entry else "—"
+            cells = [value(val[c].mean) if c in val else "—" for c in shown]
+            accuracy = value(entry["rm_heldout_accuracy"].mean) if "rm_heldout_accuracy" in entry else "—"
             lines.append(f"| {label} | {rate:g} | {total} | {' | '.join(cells)} | "
-                         f"{entry['eval']['total'][0]:.3f} | {entry['eval_before']['total'][0]:.3f} | {accuracy} |")
+                         f"{value(entry['eval']['total'].mean)} | {value(entry['eval_before']['total'].mean)} | "
+                         f"{accuracy} |")
     return lines
 
 
@@ -342,16 +398,60 @@ def estimate_missing(out: Path) -> tuple[float, list[str]]:
     return total, unknown
 
 
+def sections(out: Path, smoothing: int) -> tuple[dict[str, str], dict[str, Any]]:
+    """The page's generated sections (name -> markdown) and the totals, from the records alone (no
+    figure, no file written)."""
+    result: dict[str, Any] = {"records": 0, "missing": {}, "summaries": {}}
+    texts: dict[str, str] = {}
+    every: list[dict[str, Any]] = []
+    records_of = {comparison: load_records(out, comparison) for comparison in COMPARISONS}
+    for comparison, records in records_of.items():
+        summary = summarise(comparison, records)
+        result["summaries"][comparison] = summary
+        result["records"] += len(records)
+        every += records
+        result["missing"][comparison] = missing_records(out, comparison)
+        texts[comparison] = tables(comparison, summary, records, out)
+        texts[f"{comparison}-settings"] = settings(records)
+        body = reading(comparison, records_of, out, smoothing)
+        if body is not None:
+            texts[f"{comparison}-reading"] = body
+    runs = distinct_runs(every)
+    result["runs"] = len(runs)
+    result["total_wall_s"] = sum(r["wall_s"] for r in runs.values())
+    hours = result["total_wall_s"] / 3600
+    estimate, unknown = estimate_missing(out)
+    result["missing_wall_estimate_s"] = estimate
+    text = (f"Wall of the {len(runs)} distinct runs so far ({result['records']} records: a run shown in two sections, "
+            f"a reused record or a sweep record copied as seed 0, counts once): **{result['total_wall_s']:.0f} s "
+            f"({hours:.2f} h)**, the sum of the runs' own wall times on machines shared with other jobs: several runs "
+            "at "
+            "once (see each record's load average), and paused at times while timing benchmarks ran. "
+            "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
+    if any(result["missing"].values()):
+        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
+                 "the finished records of the same method)")
+        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+    texts["wall"] = text
+    texts["sampling"] = sampling_note(every, out)
+    return texts, result
+
+
+def render_page(text: str, texts: dict[str, str]) -> str:
+    """``text`` with every generated section replaced (a page must hold the markers of each)."""
+    for name, body in texts.items():
+        text = replace_section(text, name, body)
+    return text
+
+
 def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
     """Figures, summary JSON and (when ``page`` is given) the page's generated sections, from the records."""
-    result: dict[str, Any] = {"figures": [], "total_wall_s": 0.0, "records": 0, "missing": {}}
-    sections: dict[str, str] = {}
+    texts, result = sections(out, smoothing)
+    summaries = result.pop("summaries")
+    result["figures"] = []
     for comparison in COMPARISONS:
         records = load_records(out, comparison)
-        summary = summarise(comparison, records)
-        result["records"] += len(records)
-        result["total_wall_s"] += sum(r["wall_s"] for r in records)
-        result["missing"][comparison] = missing_records(out, comparison)
+        summary = summaries[comparison]
         if records and comparison not in SWEEP_OF:
             figure = out / f"{comparison}.png"
             if comparison in JOINT:
@@ -362,24 +462,8 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
         (out / f"{comparison}.json").parent.mkdir(parents=True, exist_ok=True)
         (out / f"{comparison}.json").write_text(json.dumps({"settings": settings_of(comparison, False),
                                                             "summary": summary}, indent=1) + "\n", encoding="utf-8")
-        sections[comparison] = tables(comparison, summary, records, out)
-    hours = result["total_wall_s"] / 3600
-    estimate, unknown = estimate_missing(out)
-    result["missing_wall_estimate_s"] = estimate
-    text = (f"Wall of the {result['records']} records so far: **{result['total_wall_s']:.0f} s ({hours:.2f} h)**, "
-            "the sum of the runs' own wall times on this 2-core machine, shared with other jobs: several runs at "
-            "once (see each record's load average), and paused for minutes at a time while timing benchmarks ran. "
-            "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
-    if any(result["missing"].values()):
-        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
-                 "the finished records of the same method)")
-        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
-    sections["wall"] = text
     if page is not None:
-        text = page.read_text(encoding="utf-8")
-        for name, body in sections.items():
-            text = replace_section(text, name, body)
-        page.write_text(text, encoding="utf-8")
+        page.write_text(render_page(page.read_text(encoding="utf-8"), texts), encoding="utf-8")
         result["page"] = str(page)
+        save_samplers(out)
     return result
-

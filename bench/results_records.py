@@ -334,13 +334,19 @@ def git_commit() -> str | None:
                               check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD", "--no-color"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout if dirty else ""
     except (OSError, subprocess.CalledProcessError):
-        head, dirty = None, ""
+        head, dirty, diff = None, "", ""
     _COMMIT.append(f"{head}+dirty" if head and dirty else head)
+    _DIFF.append(diff)
     return _COMMIT[0]
 
 
 _COMMIT: list[str | None] = []
+_DIFF: list[str] = []
+"""The uncommitted change to tracked files when this process started ("" on a clean tree): a
+``+dirty`` record stores it (``diff``), so what it ran can be rebuilt from its commit."""
 
 
 def run_cli(argv: Sequence[str], log: Path) -> tuple[int, str]:
@@ -412,6 +418,8 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": run_machine(argv),
     }
+    if _DIFF and _DIFF[0]:  # a dirty tree: the record keeps the uncommitted change it ran with
+        record["diff"] = _DIFF[0]
     if m.learner == "eval":
         result = json.loads(stdout[stdout.index("{"):])  # `llm-envs eval` prints one JSON object
         record["eval"] = {k.removeprefix("eval/"): v for k, v in result.items() if k.startswith("eval/")}
@@ -441,20 +449,37 @@ def run_machine(argv: Sequence[str]) -> dict[str, Any]:
     machine = machine_description(argv[argv.index("--dtype") + 1] if "--dtype" in argv else "auto")
     if "--threads" in argv:
         machine["threads"] = int(argv[argv.index("--threads") + 1])
+    machine["host"] = host_id()
     return machine
 
 
+def host_id() -> str:
+    """A stable identifier of this host that names nothing about it: the first 12 hex digits of the
+    SHA-256 of ``/etc/machine-id`` (else of the host name), so records tell machines of one CPU kind apart."""
+    import hashlib
+    import socket
+
+    try:
+        ident = Path("/etc/machine-id").read_text(encoding="utf-8").strip()
+    except OSError:
+        ident = ""
+    return hashlib.sha256((ident or socket.gethostname()).encode()).hexdigest()[:12]
+
+
 def machine_label(record: Mapping[str, Any]) -> str:
-    """``CPU model (isa flags), dtype`` of a record, or ``—`` for records written before runs named it."""
+    """``CPU model (isa flags), dtype, host`` of a record; ``unknown`` for records written before runs named
+    it (never counted as a machine: ``results_reading.provenance`` counts them apart)."""
     machine = record.get("machine")
     if not machine:
-        return "—"
-    return f"{machine['cpu']} ({' '.join(machine['isa'])}), {machine['dtype']}"
+        return "unknown"
+    return f"{machine['cpu']} ({' '.join(machine['isa'])}), {machine['dtype']}, host {machine.get('host', 'unknown')}"
 
 
 def _mean(values: Sequence[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return sum(finite) / len(finite) if finite else math.nan
+    """The mean; NaN when any value is not finite (a failed iteration is not averaged away)."""
+    if not values or not all(math.isfinite(v) for v in values):
+        return math.nan
+    return sum(values) / len(values)
 
 
 def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str] | None, quick: bool, out: Path,

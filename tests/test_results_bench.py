@@ -32,32 +32,16 @@ def last_json(capsys: pytest.CaptureFixture[str]) -> dict:
     return json.loads(lines[-1])
 
 
-PAGE = """# Results
-{wall}
-## MAGRPO
-{magrpo}
-reading kept
-## CORY
-{cory}
-## Preference
-{preference}
-## Sweep
-{sweep}
-## Methods
-{methods}
-## Coding
-{coding_sweep}
-{coding}
-"""
+SECTIONS = ("sampling", "wall", "magrpo-settings", "magrpo", "magrpo-reading", "cory-settings", "cory", "cory-reading",
+            "preference-settings", "preference", "preference-reading", "sweep-settings", "sweep", "methods-settings",
+            "methods", "methods-reading", "coding-sweep-settings", "coding-sweep", "coding-settings", "coding",
+            "coding-reading")
 
 
 def page_with_markers(results, path: Path) -> Path:
-    marks = {
-        name.replace("-", "_"): results.MARKER.format(name=name, end="begin") + "\nSTALE\n"
-        + results.MARKER.format(name=name, end="end")
-        for name in ("wall", *results.COMPARISONS)
-    }
-    path.write_text(PAGE.format(**marks), encoding="utf-8")
+    marks = [results.MARKER.format(name=name, end="begin") + "\nSTALE\n" + results.MARKER.format(name=name, end="end")
+             for name in SECTIONS]
+    path.write_text("# Results\n" + "\nreading kept\n".join(marks) + "\n", encoding="utf-8")
     return path
 
 
@@ -194,8 +178,9 @@ def test_a_run_announces_each_record_and_marks_it_with_its_details(results, tiny
 def test_helpers(results, tmp_path) -> None:
     assert results.to_argv({"swap-every": 0, "adaptive-kl": True, "eval-greedy": False}) == [
         "--swap-every", "0", "--adaptive-kl", "--no-eval-greedy"]
-    assert results.mean_std([2.0, math.nan, 4.0]) == (3.0, math.sqrt(2.0), 2)
-    assert results.mean_std([]) == (math.nan, math.nan, 0) or math.isnan(results.mean_std([])[0])
+    assert results.mean_std([2.0, math.nan, 4.0]) == (3.0, math.sqrt(2.0), 2, 1)  # the NaN counted, not dropped
+    empty = results.mean_std([])
+    assert math.isnan(empty.mean) and (empty.n, empty.nonfinite) == (0, 0)
     assert results.missing_records(tmp_path, "cory") == {"ppo": [0, 1, 2], "cory": [0, 1, 2], "cory-no-swap": [0],
                                                          "cory-individual": [0]}
     assert results.completion_commands("cory", {"ppo": [1, 2], "cory": [1, 2], "cory-no-swap": [0]}) == [
@@ -379,3 +364,119 @@ def test_coding_commands_and_its_own_sweep() -> None:
         assert records.chosen_rate(out, "magrpo") is None  # the writing sweep of MAGRPO has no record here
         assert records.missing_records(out, "coding-sweep").keys() == sweep - {
             records.sweep_name("magrpo", r) for r in records.CODING_SWEEP_RATES["magrpo"]}
+
+
+def test_the_page_is_what_render_makes_of_the_records(results) -> None:
+    """docs/results.md's generated sections (tables, tests, provenance, readings) are what ``render`` makes
+    of the records in docs/results/: a record added, or a reading changed in code, without a render
+    fails here."""
+    page = results.PAGE.read_text(encoding="utf-8")
+    texts, totals = results.sections(results.RECORDS, 3)
+    assert results.render_page(page, texts) == page, "docs/results.md is stale: run `python bench/results.py render`"
+    assert totals["runs"] < totals["records"]  # reused records and the sweep's seed-0 copies count once
+
+
+def test_the_pages_hand_written_text_states_no_number(results) -> None:
+    """Every number of docs/results.md is rendered from the records: outside the generated sections only
+    code, commands, links, section and issue numbers and list markers carry digits."""
+    import re
+
+    text = re.sub(r"<!-- results:(\S+):begin.*?<!-- results:\1:end[^\n]*", "", results.PAGE.read_text(encoding="utf-8"),
+                  flags=re.S)
+    text = re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.S)
+    typed = []
+    for line in text.splitlines():
+        bare = re.sub(r"\]\([^)]*\)", "]", line)  # link targets
+        bare = re.sub(r"^(#+ )?\d+\. ", "", bare)  # numbered headings and list items
+        bare = re.sub(r"([Ss]ections?|Figure|#) ?\d+", "", bare)
+        bare = re.sub(r"[A-Za-z_-]\d+", "", bare)  # names such as SmolLM2-135M
+        if re.search(r"\d", bare):
+            typed.append(line)
+    assert typed == [], "numbers typed by hand in docs/results.md (render them from the records):\n" + "\n".join(typed)
+
+
+def _record(method: str, seed: int, **fields) -> dict:
+    return {"comparison": "cory", "method": method, "label": method.upper(), "seed": seed, "learner": method,
+            "wall_s": 1.0, "load_average_1min": {"start": 0.0, "end": 0.0}, "finished": "now", "commit": None,
+            "curve": {}, "eval": {}, "eval_before": {}, **fields}
+
+
+def test_provenance_counts_unknown_apart_and_derives_the_sampler_from_git(results, tmp_path) -> None:
+    reading = sys.modules["results_reading"]
+    epyc = {"cpu": "AMD EPYC", "isa": ["avx2"], "dtype": "bfloat16", "threads": 1, "host": "a"}
+    xeon = {**epyc, "cpu": "Intel Xeon", "host": "b"}
+    one_and_unknown = [_record("ppo", 0, machine=epyc), _record("ppo", 1)]
+    text = reading.provenance(one_and_unknown, tmp_path)
+    assert "1 CPU kind: AMD EPYC (avx2) (1 runs), unknown (1 runs did not record it)" in text
+    assert "one CPU kind" not in text  # a record without a machine is not a second machine, nor the same one
+    two = reading.provenance([_record("ppo", 0, machine=epyc), _record("ppo", 1, machine=xeon)], tmp_path)
+    assert "2 CPU kinds: AMD EPYC (avx2) (1 runs), Intel Xeon (avx2) (1 runs)" in two and "2 hosts" in two
+    # A run shown twice (a reused record, the sweep's seed-0 copy) counts once.
+    copy = _record("ppo", 2, machine=epyc, copied_from="cory/ppo__s0.json")
+    assert "(1 distinct runs)" in reading.provenance([_record("ppo", 0, machine=epyc), copy], tmp_path)
+    # The sampler, from the commit: the counter-based draw's own commit, one before it, one git does not know.
+    first = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()[0]
+    draw = subprocess.run(["git", "rev-parse", reading.COUNTER_DRAW], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert reading.sampler_of(draw, tmp_path) == "counter-based"
+    assert reading.sampler_of(first, tmp_path) == "earlier"
+    assert reading.sampler_of("f" * 40, tmp_path) == reading.sampler_of(None, tmp_path) == "unknown"
+    reading.save_samplers(tmp_path)
+    assert json.loads((tmp_path / "samplers.json").read_text()) == {draw: "counter-based", first: "earlier"}
+
+
+def test_a_non_finite_value_shows_in_the_tables_and_the_last_5_mean(results, tmp_path) -> None:
+    """A NaN in a CORY curve's last iterations makes that seed's final mean NaN, counted in every cell
+    (n and a mark), never averaged away; the tests skip a comparison they cannot compute."""
+    page = sys.modules[results.render.__module__]
+    curve = {f"agent_agent/{k}": [0.5] * 6 for k in ("task_reward", "kl", "combined")}
+    broken = {**curve, "agent_agent/kl": [0.5] * 5 + [math.nan]}
+    records = [_record("ppo", 0, curve=curve, eval={"total": 0.2}),
+               _record("ppo", 1, curve=broken, eval={"total": 0.3})]
+    summary = page.summarise("cory", records)
+    assert summary["ppo"]["final"]["agent"]["kl"] == (0.5, 0.0, 1, 1)
+    assert summary["ppo"]["final"]["agent"]["task_reward"] == (0.5, 0.0, 2, 0)
+    table = page.tables("cory", summary, records, tmp_path)
+    assert "| PPO | agent | 0.500 ± 0.000 (n=2) | 0.500 ± 0.000 (n=1, ⚠ 1 non-finite) |" in table
+    records_module = sys.modules[results.run_records.__module__]
+    assert math.isnan(records_module._mean([1.0, math.nan])) and records_module._mean([1.0, 2.0]) == 1.5
+
+
+def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
+    records = sys.modules[results.run_records.__module__]
+    monkeypatch.setattr(records, "_COMMIT", ["abc+dirty"])
+    monkeypatch.setattr(records, "_DIFF", ["--- a/x\n+++ b/x\n"])
+    m = results.method("magrpo", "untrained-parallel")
+    record = records.make_record("magrpo", m, 0, ["eval", "--threads", "2"], '{"eval/total": 1.0}', 1.0, True, None,
+                                 (0.0, 0.0), 1.0)
+    assert record["commit"] == "abc+dirty" and record["diff"] == "--- a/x\n+++ b/x\n"
+    assert record["machine"]["threads"] == 2 and len(record["machine"]["host"]) == 12
+    monkeypatch.setattr(records, "_DIFF", [""])
+    assert "diff" not in records.make_record("magrpo", m, 0, ["eval"], '{"eval/total": 1.0}', 1.0, True, None,
+                                             (0.0, 0.0), 1.0)
+
+
+def test_a_reading_states_what_its_records_show(results) -> None:
+    """The reading of a comparison against a baseline is computed: the seeds on which A is above B, the
+    differences, and the verdict after Holm's correction over the section's comparisons."""
+    reading = sys.modules["results_reading"]
+
+    def runs(name: str, totals: list[float]) -> list[dict]:
+        return [_record(name, seed, label=name, eval={"total": t}) for seed, t in enumerate(totals)]
+
+    records = runs("team", [2.0, 2.5, 3.0]) + runs("a", [1.0, 1.4, 2.1]) + runs("b", [2.1, 2.4, 2.9]) + runs("c", [0.5])
+    comparisons = reading.against("team", ["a", "b", "c"])
+    text = "\n".join(reading.against_baseline(records, comparisons))
+    # team - a = (1.0, 1.1, 0.9): paired t = 1.0 / (0.1 / sqrt 3) = 17.3 on 2 df, p = 0.0033; x2 (Holm, 2 tests).
+    tested = reading.family_tests(records, comparisons)
+    assert tested[0].paired.p == pytest.approx(1.0 - tested[0].paired.t / math.sqrt(2.0 + tested[0].paired.t**2))
+    assert tested[0].paired_holm == pytest.approx(2 * tested[0].paired.p)
+    first = text.split("\n")[0]
+    assert "**team against a** (eval total)" in first and "all 3 shared seeds (A - B: 1.000 / 1.100 / 0.900)" in first
+    # The seeds' spread is wide but each seed's difference is steady: the paired test sees it, Welch's does not.
+    assert "significant at 0.05 by the paired test only" in first
+    assert "above it on 2 of 3 shared seeds" in text.split("\n")[1] and "not significant" in text.split("\n")[1]
+    assert "no test (fewer than two seeds a side, or no spread)" in text.split("\n")[2]
+    table = "\n".join(reading.significance_table(records, comparisons))
+    assert "Holm's correction over the 2 paired and 2 Welch tests" in table  # c (one seed) has no test

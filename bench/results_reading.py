@@ -1,0 +1,900 @@
+"""What docs/results.md says about its records, computed from them: the provenance of each section (CPU
+kinds, hosts, threads, dtype, sampler, commits), the paired and Welch tests of a section's comparisons with
+Holm's correction, the settings the records share, and the sentences of each section's reading. A
+sentence states only what its function computes from the records; where the records cannot support a
+claim, the function does not write it.
+
+A new comparison's section reuses the same pieces: :func:`provenance` and :func:`significance_table` take
+any records, :func:`against` builds the "each method against a baseline" comparisons (one entry of
+:data:`SECTION_TESTS` gives the section its tests table and, without a :data:`READINGS` entry of its
+own, the reading :func:`against_baseline`), :func:`settings` the flags its records share. The page then
+needs the section's markers: ``<comparison>``, ``<comparison>-settings`` and ``<comparison>-reading``
+(``render`` names any that is missing)."""
+
+import functools
+import json
+import math
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from results_records import CODING_SWEEP_RATES, LAST, ROOT, SWEEP_RATES, SWEEPS, chosen_rate, method, sweep_name
+from results_stats import TTest, holm, paired_t, welch_t
+
+Record = dict[str, Any]
+Value = Callable[[Record], float]
+
+# ------------------------------------------------------------------------------------------ formatting
+
+
+def v3(x: float, digits: int = 3) -> str:
+    """A value with ``digits`` decimals; a non-finite one marked (it is never dropped)."""
+    return f"{x:.{digits}f}" if math.isfinite(x) else f"⚠ {x}"
+
+
+def ms(values: Sequence[float], digits: int = 3) -> str:
+    """``mean ± std (n=N)`` of the values, a non-finite one counted beside n."""
+    from results_page import fmt, mean_std
+
+    return fmt(*mean_std(values), digits=digits)
+
+
+def slash(values: Iterable[float], digits: int = 3) -> str:
+    return " / ".join(v3(x, digits) for x in values)
+
+
+def span(values: Sequence[float], digits: int = 3) -> str:
+    """``lo-hi`` of the finite values (``lo`` alone when they are equal), the non-finite ones counted."""
+    finite = [x for x in values if math.isfinite(x)]
+    bad = len(values) - len(finite)
+    if not finite:
+        return f"⚠ {bad} non-finite"
+    lo, hi = min(finite), max(finite)
+    text = v3(lo, digits) if v3(lo, digits) == v3(hi, digits) else f"{v3(lo, digits)}-{v3(hi, digits)}"
+    return f"{text} (⚠ {bad} non-finite)" if bad else text
+
+
+def of(k: int, n: int) -> str:
+    """``every one of the 3`` / ``2 of 3`` / ``none of the 3``."""
+    return f"all {n}" if k == n else ("none" if k == 0 else f"{k} of {n}")
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing moving average, the window clipped at the start (``baselines.infra.plots.smooth``).
+
+    >>> moving_average([1.0, 2.0, 3.0, 4.0], 2)
+    [1.0, 1.5, 2.5, 3.5]
+    """
+    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+
+
+def window(record: Record, key: str, first: int, last: int | None = None) -> list[float]:
+    """A curve's values at iterations ``first``..``last`` (1-based, inclusive; ``last`` None: to the end)."""
+    curve = record["curve"]
+    return [v for it, v in zip(curve.get("iteration", []), curve.get(key, []))
+            if first <= it <= (last if last is not None else math.inf)]
+
+
+def first_iteration(record: Record, key: str, test: Callable[[float], bool]) -> int | None:
+    """The first iteration whose ``key`` passes ``test`` (None if none)."""
+    for it, v in zip(record["curve"].get("iteration", []), record["curve"].get(key, [])):
+        if test(v):
+            return int(it)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ records
+def of_method(records: Sequence[Record], name: str) -> list[Record]:
+    """``name``'s records, by seed."""
+    return sorted((r for r in records if r["method"] == name), key=lambda r: r["seed"])
+
+
+def seeds(records: Sequence[Record]) -> str:
+    return " / ".join(str(r["seed"]) for r in records)
+
+
+def ev(key: str = "total", split: str = "eval") -> Value:
+    """A record's ``split`` (``eval``, ``eval_before``, ``validation``) value of ``key`` (NaN if absent)."""
+    return lambda r: float(r.get(split, {}).get(key, math.nan))
+
+
+def final(model: str, key: str) -> Value:
+    """The mean of a PPO / CORY curve's last iterations (``agent_<model>/<key>``), NaN when one is not finite."""
+    from results_page import last_mean
+
+    return lambda r: last_mean(r["curve"][f"agent_{model}/{key}"], LAST)
+
+
+def cpu_s(r: Record) -> float:
+    return float(r["cpu_s"]) if r.get("cpu_s") is not None else math.nan
+
+
+def run_source(r: Record) -> str:
+    """The file a record's run wrote: reused records and the seed-0 copies of sweep records name the
+    run they are, so a run counts once however many sections show it."""
+    if r.get("copied_from"):
+        return r["copied_from"]
+    return f"{r.get('reused_from', r['comparison'])}/{r['method']}__s{r['seed']}.json"
+
+
+def distinct_runs(records: Iterable[Record]) -> dict[str, Record]:
+    """Run file -> its record, each run once."""
+    runs: dict[str, Record] = {}
+    for r in records:
+        runs.setdefault(run_source(r), r)
+    return runs
+
+
+# ------------------------------------------------------------------------------------------ provenance
+COUNTER_DRAW = "5792c26"
+"""The commit that brought the counter-based draw (exponential race over counter-based random numbers;
+docs/agents.md "The rollout engine"): a record whose commit descends from it sampled with that draw,
+one before it with per-row ``torch.Generator``s and an inverse CDF."""
+SAMPLERS = "samplers.json"
+"""Beside the records: the sampler of each commit they name, as derived from git (``git merge-base
+--is-ancestor``), kept so the page renders the same where the history is not at hand (a shallow clone)."""
+
+
+def commit_of(r: Record) -> str | None:
+    commit = r.get("commit")
+    return commit.removesuffix("+dirty") if commit else None
+
+
+@functools.cache
+def _known_samplers(out: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads((out / SAMPLERS).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def sampler_of(commit: str | None, out: Path) -> str:
+    """``counter-based`` (the commit descends from :data:`COUNTER_DRAW`), ``earlier`` (it does not) or
+    ``unknown`` (no commit, or one git does not know); cached in ``out``'s :data:`SAMPLERS`."""
+    if not commit:
+        return "unknown"
+    known = _known_samplers(out)
+    if commit not in known:
+        try:
+            found = subprocess.run(["git", "merge-base", "--is-ancestor", COUNTER_DRAW, commit], cwd=ROOT,
+                                   capture_output=True).returncode
+        except OSError:
+            return "unknown"
+        if found not in (0, 1):  # 128: a commit this clone does not have
+            return "unknown"
+        known[commit] = "counter-based" if found == 0 else "earlier"
+    return known[commit]
+
+
+def save_samplers(out: Path) -> None:
+    """Write the samplers derived so far beside the records (``render`` does, so the page renders the
+    same without git history)."""
+    known = _known_samplers(out)
+    if known:
+        (out / SAMPLERS).write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n", encoding="utf-8")
+
+
+def cpu_kind(r: Record) -> str | None:
+    """``CPU model (ISA flags)`` of the record's run; None when the record does not name its machine."""
+    machine = r.get("machine") or {}
+    if not machine.get("cpu") or machine.get("isa") is None:
+        return None
+    return f"{machine['cpu']} ({' '.join(machine['isa'])})"
+
+
+def _field(r: Record, key: str) -> str | None:
+    value = (r.get("machine") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _tally(values: Sequence[str | None], noun: str) -> str:
+    """``one CPU kind: X`` / ``2 CPU kinds: X (3), Y (2)``, with the records that name none as unknown."""
+    known = [v for v in values if v is not None]
+    unknown = len(values) - len(known)
+    counts: dict[str, int] = {}
+    for v in known:
+        counts[v] = counts.get(v, 0) + 1
+    if not counts:
+        return f"{noun} unknown (none of the {len(values)} runs recorded it)"
+    if len(counts) == 1 and not unknown:
+        return f"one {noun}, {next(iter(counts))}"
+    text = f"{len(counts)} {noun}{'s' if len(counts) > 1 else ''}: " + ", ".join(
+        f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+    return text + (f", unknown ({unknown} runs did not record it)" if unknown else "")
+
+
+def provenance(records: Sequence[Record], out: Path) -> str:
+    """Where and how a section's runs ran, each run once: CPU kinds, hosts, dtype, threads, the sampler
+    (from each commit), commits and uncommitted changes; what a record does not name is unknown."""
+    runs = list(distinct_runs(records).values())
+    samplers: dict[str, list[str]] = {}
+    for r in runs:
+        samplers.setdefault(sampler_of(commit_of(r), out), []).append(f"{r['method']}__s{r['seed']}")
+    sampler = "; ".join(f"{name} ({len(names)} runs)" for name, names in sorted(samplers.items()))
+    dirty = [r for r in runs if (r.get("commit") or "").endswith("+dirty")]
+    with_diff = sum(1 for r in dirty if r.get("diff"))
+    commits = {commit_of(r) for r in runs if commit_of(r)}
+    lines = [
+        f"**Provenance** ({len(runs)} distinct runs): {_tally([cpu_kind(r) for r in runs], 'CPU kind')}; "
+        f"{_tally([_field(r, 'host') for r in runs], 'host')}; {_tally([_field(r, 'dtype') for r in runs], 'dtype')}; "
+        f"{_tally([_field(r, 'threads') for r in runs], 'thread count')}.",
+        f"Sampler, from each record's commit ({COUNTER_DRAW}, the counter-based draw, an ancestor or not): {sampler}. "
+        f"{len(commits)} commits; {len(dirty)} runs on a tree with uncommitted changes"
+        + (f" ({with_diff} store their diff)." if dirty else "."),
+    ]
+    if len(samplers) > 1:
+        lines.append("Runs with different samplers draw different samples from the same seed: "
+                     "compare them by their spread over seeds, not seed by seed.")
+    return " ".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ statistics
+Comparison = tuple[str, str, str, Value]
+"""(what is measured, method A, method B, the value of a record): a test of A - B over seeds."""
+
+
+def against(baseline: str, others: Sequence[str], what: str = "eval total",
+            value: Value | None = None) -> list[Comparison]:
+    """``baseline`` against each of ``others`` on one value (default: the eval total after training)."""
+    return [(what, baseline, other, value or ev()) for other in others]
+
+
+def _p(p: float) -> str:
+    return "—" if math.isnan(p) else (f"{p:.3g}" if p >= 0.001 else "<0.001")
+
+
+@dataclass(frozen=True)
+class Tested:
+    """One comparison of a section, tested: A's and B's values by seed, the paired and Welch tests, and
+    their p-values after Holm's correction over the section's family of comparisons."""
+
+    what: str
+    a: str
+    b: str
+    values_a: dict[int, float]
+    values_b: dict[int, float]
+    paired: TTest
+    welch: TTest
+    paired_holm: float
+    welch_holm: float
+
+    @property
+    def shared(self) -> list[int]:
+        return sorted(set(self.values_a) & set(self.values_b))
+
+
+def family_tests(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[Tested]:
+    """Every comparison of a section tested, paired (on the seeds A and B share: the same eval articles
+    and sampling seed) and by Welch, each family corrected by Holm (comparisons with no test, fewer than
+    two values a side or no spread, are not counted in it)."""
+    found = []
+    for what, a, b, value in comparisons:
+        ra, rb = by_seed(records, a, value), by_seed(records, b, value)
+        shared = sorted(set(ra) & set(rb))
+        found.append((what, a, b, ra, rb, paired_t([ra[s] for s in shared], [rb[s] for s in shared]),
+                      welch_t(list(ra.values()), list(rb.values()))))
+    paired_holm, welch_holm = holm([f[5].p for f in found]), holm([f[6].p for f in found])
+    return [Tested(*f, ph, wh) for f, ph, wh in zip(found, paired_holm, welch_holm)]
+
+
+def significance_table(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
+    """Markdown: per comparison the mean difference A - B, the seed-by-seed differences, the paired
+    t-test and Welch's, each with its p after Holm's correction over the comparisons of this table."""
+    tested = family_tests(records, comparisons)
+    lines = [f"Tests (two-sided; Holm's correction over the {sum(1 for t in tested if not math.isnan(t.paired.p))} "
+             f"paired and {sum(1 for t in tested if not math.isnan(t.welch.p))} Welch tests of this table; n < 2 a "
+             "side, or no spread: no test):", "",
+             "| measure | A - B | mean difference | per seed | paired t (df), p, Holm p | Welch t (df), p, Holm p | "
+             "seeds |",
+             "|---|---|---|---|---|---|---|"]
+    for t in tested:
+        diffs = ", ".join(f"{v3(t.values_a[s] - t.values_b[s])} (s{s})" for s in t.shared) or "no shared seed"
+        diff = _mean(list(t.values_a.values())) - _mean(list(t.values_b.values()))
+        paired = "—" if math.isnan(t.paired.p) else \
+            f"{t.paired.t:.2f} ({t.paired.df:.0f}), {_p(t.paired.p)}, **{_p(t.paired_holm)}**"
+        welch = "—" if math.isnan(t.welch.p) else \
+            f"{t.welch.t:.2f} ({t.welch.df:.1f}), {_p(t.welch.p)}, **{_p(t.welch_holm)}**"
+        lines.append(f"| {t.what} | {method_label(records, t.a)} - {method_label(records, t.b)} | {v3(diff)} | "
+                     f"{diffs} | {paired} | {welch} | {len(t.values_a)} + {len(t.values_b)} |")
+    return lines
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def by_seed(records: Sequence[Record], name: str, value: Value) -> dict[int, float]:
+    """Seed -> ``value`` of method ``name``'s record."""
+    return {r["seed"]: value(r) for r in of_method(records, name)}
+
+
+def method_label(records: Sequence[Record], name: str) -> str:
+    mine = of_method(records, name)
+    return mine[0]["label"] if mine else name
+
+
+# ------------------------------------------------------------------------------------------ settings
+SHOWN_FLAGS = ("max-source-words", "num-problems", "num-generations", "max-new-tokens", "num-iterations",
+               "learning-rate", "lora-rank", "lora-alpha", "normalize-std", "temperature", "top-p", "top-k",
+               "num-eval-problems", "eval-greedy", "num-validation-problems", "batch-size", "minibatch-size",
+               "num-ppo-epochs", "min-new-tokens", "init-kl-coef", "adaptive-kl", "kl-target", "kl-horizon",
+               "swap-every", "num-turns", "centralized", "prefill", "num-prompts", "num-candidates",
+               "pairs-per-prompt", "batch-pairs", "iterative", "comparator", "replay")
+
+
+def _flag(name: str, v: Any) -> str:
+    return f"`--{name}`" if v is True else (f"`--no-{name}`" if v is False else f"`--{name} {v}`")
+
+
+def settings(records: Sequence[Record]) -> str:
+    """The flags every record of a section ran with, and each method's own, read from the records (not
+    from the code's settings, which a later commit may have changed)."""
+    if not records:
+        return "No record yet."
+    runs = [r for r in records if r.get("flags")]
+    if not runs:
+        return "**Flags**: no record names its flags."
+    shared = {k: v for k, v in runs[0]["flags"].items()
+              if k in SHOWN_FLAGS and all(r["flags"].get(k, object()) == v for r in runs)}
+    lines = [f"**Flags every record ran with** (their `flags`): {', '.join(_flag(k, v) for k, v in shared.items())}."]
+    names = list(dict.fromkeys(r["method"] for r in runs))
+    own = []
+    for name in names:
+        mine = [r for r in runs if r["method"] == name]
+        flags = {k: v for k, v in mine[0]["flags"].items()
+                 if k in SHOWN_FLAGS and k not in shared and all(r["flags"].get(k, object()) == v for r in mine)}
+        if flags:
+            own.append(f"{mine[0]['label']}: {', '.join(_flag(k, v) for k, v in flags.items())}")
+    if own:
+        lines.append("Each method's own: " + "; ".join(own) + ".")
+    untrained = [r for r in records if not r.get("flags")]
+    if untrained:
+        lines.append(f"{len(untrained)} records name no flags.")
+    return " ".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ readings
+def cpu_line(records: Sequence[Record]) -> str:
+    """CPU seconds a run, per method (each run once; records that did not time it, unknown)."""
+    parts = []
+    for name in dict.fromkeys(r["method"] for r in records):
+        values = [cpu_s(r) for r in of_method(records, name)]
+        known = [x for x in values if math.isfinite(x)]
+        if known:
+            unknown = len(values) - len(known)
+            parts.append(f"{method_label(records, name)} {span(known, 0)}" + (f" ({unknown} "
+                                                                              f"unknown)" if unknown else ""))
+        else:
+            parts.append(f"{method_label(records, name)} unknown")
+    return "CPU seconds a run (the process's own CPU time, the fairer measure of cost on a shared machine): " + \
+        "; ".join(parts) + "."
+
+
+def _moved(before: Sequence[float], after: Sequence[float]) -> int:
+    return sum(1 for b, a in zip(before, after) if a > b)
+
+
+def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
+    team, untrained, sequential = (of_method(records, n)
+                                   for n in ("magrpo", "untrained-parallel", "untrained-sequential"))
+    strict, reference, turns = (of_method(records, n) for n in ("single-strict", "single-reference", "magrpo-2turn"))
+    out: list[str] = []
+    if team:
+        before, after = [ev(split="eval_before")(r) for r in team], [ev()(r) for r in team]
+        out.append(f"- **MAGRPO: eval joint reward {ms(before)} -> {ms(after)}** (seeds {seeds(team)}: "
+                   + ", ".join(f"{v3(b)} -> {v3(a)}" for b, a in zip(before, after))
+                   + f"), higher after training on {of(_moved(before, after), len(team))} seeds, each scored on the "
+                   "same eval articles and sampling seed before and after.")
+        moved = []
+        for key in ("length", "diversity", "transition", "jaccard"):
+            b, a = [ev(key, "eval_before")(r) for r in team], [ev(key)(r) for r in team]
+            moved.append(f"{key} {v3(sum(b) / len(b), 2)} -> {v3(sum(a) / len(a), 2)} (up on "
+                         f"{of(_moved(b, a), len(team))} seeds)")
+        out.append("  Components, means over the seeds: " + "; ".join(moved) + ".")
+        half = max(r["curve"]["iteration"][-1] for r in team) // 2 + 1 if team[0]["curve"].get("iteration") else None
+        if half is not None:
+            parts = []
+            for r in team:
+                avg = moving_average(r["curve"]["reward/total"], smoothing)
+                late = [a for it, a in zip(r["curve"]["iteration"], avg) if it >= half]
+                raw = r["curve"]["reward/total"]
+                parts.append(f"seed {r['seed']}: {v3(avg[0], 2)} at the first iteration, {span(late, 2)} over "
+                             f"iterations {half:.0f}-{r['curve']['iteration'][-1]:.0f}, single batches {span(raw, 2)}")
+            out.append(f"  Training batch joint reward, moving average of {smoothing}: " + "; ".join(parts) + ".")
+        if untrained:
+            u = [ev()(r) for r in untrained]
+            from results_page import mean_std
+
+            spread = mean_std(u)
+            if spread.std > 0:
+                out.append(f"  The untrained pair scores {ms(u)}: the trained pair's mean is "
+                           f"{(sum(after) / len(after) - spread.mean) / spread.std:.1f} of its standard deviations "
+                           f"above it.")
+            same = [(r["seed"], ev()(r), ev(split="eval_before")(t))
+                    for r in untrained for t in team if t["seed"] == r["seed"]]
+            equal = [s for s, a, b in same if abs(a - b) < 5e-5]
+            out.append(f"- **Consistency check:** the untrained-pair record (`llm-envs eval`, the same sampling "
+                       f"settings "
+                       f"and seed) equals the MAGRPO run's own eval before training (to 4 decimals) on "
+                       f"{of(len(equal), len(same))} shared seeds"
+                       + (f" ({', '.join(f'seed {s}: {a:.4f} vs {b:.4f}' for s, a, b in same if s not in equal)})"
+                          if len(equal) < len(same) else f" ({slash((a for _, a, _ in same), 4)})")
+                       + ": the baseline and the trained method are scored on the same episodes where they agree.")
+    if untrained and sequential:
+        p, s = [ev()(r) for r in untrained], [ev()(r) for r in sequential]
+        lp, ls = [ev("length")(r) for r in untrained], [ev("length")(r) for r in sequential]
+        below = sum(1 for a, b in zip(s, p) if a < b)
+        out.append(f"- **The sequential protocol against the parallel one, untrained:** {ms(s)} against {ms(p)} "
+                   f"({slash(s)} against {slash(p)}, seeds {seeds(sequential)}), below on {of(below, len(s))} seeds; "
+                   f"the length component {v3(sum(ls) / len(ls), 2)} against {v3(sum(lp) / len(lp), 2)}.")
+    if strict:
+        totals = [ev()(r) for r in strict]
+        paying = [(r["seed"], first_iteration(r, "reward/total", lambda x: x > 0)) for r in strict]
+        lines = [f"- **Single agent, `split=strict`:** eval {ms(totals)} ({slash(totals)}, seeds {seeds(strict)}); a "
+                 "response without `[PARAGRAPH_SPLIT]` scores 0, so a group pays only once a sample holds the "
+                 "delimiter and passes the first level."]
+        lines.append("  First training iteration with a non-zero joint reward: "
+                     + ", ".join(f"seed {s}: {it if it is not None else 'none in the run'}" for s, it in paying) + ".")
+        for r in strict:
+            if not any(x > 0 for x in r["curve"].get("reward/total", [])):
+                share = max(r["curve"].get("reward/delimiter", [math.nan]))
+                batch = r["flags"]["num-problems"] * r["flags"]["num-generations"]
+                lines.append(f"  Seed {r['seed']}: every training reward was 0, so every advantage was 0 (eval "
+                             f"{v3(ev()(r))}); its largest share of training responses with the delimiter was "
+                             f"{v3(share)} ({share * batch:.0f} of {batch}).")
+        learned = [r for r in strict if any(x > 0 for x in r["curve"].get("reward/total", []))]
+        if learned:
+            lines.append(f"  Where GRPO got a signal (seeds {seeds(learned)}): eval delimiter share "
+                         f"{slash(ev('delimiter')(r) for r in learned)}, eval length component "
+                         f"{slash(ev('length')(r) for r in learned)}.")
+        out += lines
+    if reference:
+        before, after = [ev(split="eval_before")(r) for r in reference], [ev()(r) for r in reference]
+        out.append(f"- **Single agent, `split=reference`:** eval {ms(before)} -> {ms(after)}.")
+        if untrained and sequential:
+            b = sum(before) / len(before)
+            out.append(f"  Untrained, it scores {b / (sum(ev()(r) for r in untrained) / len(untrained)):.1f}x the "
+                       f"untrained parallel pair and {b / (sum(ev()(r) for r in sequential) / len(sequential)):.1f}x "
+                       "the sequential one.")
+        delim = [max(r["curve"].get("reward/delimiter", [math.nan])) for r in reference]
+        marker = [max(r["curve"].get("reward/marker", [math.nan])) for r in reference]
+        out.append(f"  Eval delimiter share after training {slash(ev('delimiter')(r) for r in reference)}, before "
+                   f"{slash(ev('delimiter', 'eval_before')(r) for r in reference)}; the largest training share with "
+                   f"the "
+                   f"delimiter {slash(delim)}, with a `Paragraph 2:` label {slash(marker)} (seeds {seeds(reference)}).")
+        out.append(f"  Eval `length` component before {slash(ev('length', 'eval_before')(r) for r in reference)}, "
+                   f"after "
+                   f"{slash(ev('length')(r) for r in reference)}: without a delimiter or a label the reference's last "
+                   "fallback cuts the response at one third of its characters, which puts the two parts in the "
+                   "length band for most texts.")
+        if team:
+            tested = next(t for t in family_tests(records, SECTION_TESTS["magrpo"]) if t.b == "single-reference")
+            out.append(f"  Against MAGRPO's {ms([ev()(r) for r in team])}: {verdict(tested)}. This baseline measures "
+                       "one text cut at a fixed ratio more than a single model writing two parts; `strict` is the "
+                       "comparison that asks for the format.")
+    if turns:
+        second_b, second_a = [ev(split="eval_before")(r) for r in turns], [ev()(r) for r in turns]
+        ret_b, ret_a = [ev("return", "eval_before")(r) for r in turns], [ev("return")(r) for r in turns]
+        first_b = [r - s for r, s in zip(ret_b, second_b)]
+        first_a = [r - s for r, s in zip(ret_a, second_a)]
+        out.append(f"- **MAGRPO with 2 turns (env feedback):** the eval total is the second turn's reward, "
+                   f"{ms(second_b)} "
+                   f"-> {ms(second_a)}; the return over both turns {ms(ret_b)} -> {ms(ret_a)}, so the first turn "
+                   f"{ms(first_b)} -> {ms(first_a)}.")
+        below_b = sum(1 for s, f in zip(second_b, first_b) if s < f)
+        below_a = sum(1 for s, f in zip(second_a, first_a) if s < f)
+        out.append(f"  The second turn, which sees its first answer and the env's feedback, scores below the first on "
+                   f"{of(below_b, len(turns))} seeds untrained ({slash(second_b)} against {slash(first_b)}) and "
+                   f"{of(below_a, len(turns))} trained ({slash(second_a)} against {slash(first_a)}).")
+        if team:
+            out.append(f"  The trained first turn against single-turn MAGRPO: {ms(first_a)} against "
+                       f"{ms([ev()(r) for r in team])} (seed by seed {slash(first_a)} against "
+                       f"{slash(ev()(r) for r in team)}).")
+    return out + against_baseline(records, SECTION_TESTS["magrpo"])
+
+
+def pioneer(r: Record) -> float:
+    """The pioneer's greedy eval sentiment (PPO's one model is its pioneer)."""
+    return float(r["eval"].get("sentiment_pioneer", r["eval"].get("sentiment", math.nan)))
+
+
+def _per_model(model: str, key: str) -> Value:
+    """CORY's ``model``'s final ``key``, PPO's one model's (``agent``) for a PPO record."""
+    return lambda r: final(model if r["learner"] == "cory" else "agent", key)(r)
+
+
+CORY_TESTS: list[Comparison] = [
+    ("eval pioneer sentiment", "cory", "ppo", pioneer),
+    *[(f"{what} of CORY's {model} vs PPO's, last {LAST} it.", "cory", "ppo", _per_model(model, key))
+      for key, what in (("task_reward", "task reward"), ("kl", "KL")) for model in ("model_0", "model_1")],
+]
+
+
+def reading_cory(records: Sequence[Record]) -> list[str]:
+    ppo, cory = of_method(records, "ppo"), of_method(records, "cory")
+    out: list[str] = []
+    if not (ppo and cory):
+        return out
+    for key, what in (("task_reward", "Task reward (training, last 5 iterations)"), ("kl", "KL (nats, last 5 "
+                                                                                           "iterations)")):
+        p = [final("agent", key)(r) for r in ppo]
+        c0, c1 = [final("model_0", key)(r) for r in cory], [final("model_1", key)(r) for r in cory]
+        out.append(f"- **{what}:** PPO {ms(p)} ({slash(p)} on seeds {seeds(ppo)}); CORY `model_0` {ms(c0)} "
+                   f"({slash(c0)}), `model_1` {ms(c1)} ({slash(c1)}).")
+        if key == "kl":
+            shared = [(r, q) for r in cory for q in ppo if r["seed"] == q["seed"]]
+            pairs = [(final("model_0", key)(r), final("model_1", key)(r), final("agent", key)(q)) for r, q in shared]
+            lower = [min(a, b) - p for a, b, p in pairs]
+            higher = [max(a, b) - p for a, b, p in pairs]
+            out.append(f"  Seed by seed, CORY's lower-KL model minus PPO: {slash(lower, 2)}; its higher-KL model minus "
+                       f"PPO: {slash(higher, 2)}. The paper's \"PPO's KL well above CORY's\" would put both lists "
+                       f"below 0: the first is on {of(sum(1 for x in lower if x < 0), len(lower))} seeds, the second "
+                       f"on "
+                       f"{of(sum(1 for x in higher if x < 0), len(higher))}.")
+    coef = [(r["curve"][f"agent_{m}/kl_coef"][0], r["curve"][f"agent_{m}/kl_coef"][-1])
+            for r in records for m in ("agent", "model_0", "model_1") if f"agent_{m}/kl_coef" in r["curve"]]
+    if coef:
+        flags = ppo[0]["flags"]
+        bound = (1 + 0.2 * flags["batch-size"] / flags["kl-horizon"]) ** flags["num-iterations"] - 1
+        out.append(f"- **The adaptive KL coefficient:** first {span([a for a, _ in coef])}, last "
+                   f"{span([b for _, b in coef])} "
+                   f"over all runs; the controller (horizon {flags['kl-horizon']} episodes, {flags['batch-size']} a "
+                   f"batch) "
+                   f"can move it by at most {bound:.1%} over {flags['num-iterations']} iterations.")
+    before = [pioneer({"eval": r["eval_before"]}) for r in ppo]
+    pp, cp = [pioneer(r) for r in ppo], [pioneer(r) for r in cory]
+    co = [ev("sentiment_observer")(r) for r in cory]
+    co_b = [ev("sentiment_observer", "eval_before")(r) for r in cory]
+    out.append(f"- **Greedy eval on the same eval reviews** (greedy: \"before\" is one value, {span(before)}): the "
+               f"pioneer's sentiment went to {ms(pp)} under PPO ({slash(pp)}) and {ms(cp)} under CORY ({slash(cp)}); "
+               f"CORY's observer {span(co_b)} -> {ms(co)} ({slash(co)}).")
+    ahead = [c - p for r, c in zip(cory, cp) for q, p in zip(ppo, pp) if r["seed"] == q["seed"]]
+    out.append(f"  CORY's pioneer minus PPO's, seed by seed: {slash(ahead)} (ahead on "
+               f"{of(sum(1 for x in ahead if x > 0), len(ahead))} seeds).")
+    cp_s, pp_s = [cpu_s(r) for r in cory], [cpu_s(r) for r in ppo]
+    if all(math.isfinite(x) for x in cp_s + pp_s):
+        ratio = (sum(cp_s) / len(cp_s)) / (sum(pp_s) / len(pp_s))
+        out.append(f"  Cost: CORY trains two adapters on every batch; its runs took {span(cp_s, 0)} CPU-seconds "
+                   f"against PPO's {span(pp_s, 0)}, {ratio:.1f}x on the mean, so this compares the two at unequal "
+                   f"compute.")
+    base = {r["seed"]: r for r in cory}
+    for name, what in (("cory-no-swap", "Without role exchange (`--swap-every 0`)"),
+                       ("cory-individual", "With individual rewards (`sentiment/imdb-cory-individual-v0`)")):
+        for r in of_method(records, name):
+            ref = base.get(r["seed"])
+            if ref is None:
+                continue
+            total, ref_total = ev()(r), ev()(ref)
+            word = "above" if total > ref_total else ("below" if total < ref_total else "level with")
+            out.append(f"- **{what}, seed {r['seed']}** (one run: compare with CORY's seed {r['seed']}, not its mean): "
+                       f"greedy eval pioneer {v3(pioneer(r))}, observer {v3(ev('sentiment_observer')(r))} (total "
+                       f"{v3(total)}) against CORY's {v3(pioneer(ref))}, {v3(ev('sentiment_observer')(ref))} "
+                       f"({v3(ref_total)}): {word} it. Training task reward "
+                       f"{slash(final(m, 'task_reward')(r) for m in ('model_0', 'model_1'))} "
+                       f"against {slash(final(m, 'task_reward')(ref) for m in ('model_0', 'model_1'))}; KL "
+                       f"{slash((final(m, 'kl')(r) for m in ('model_0', 'model_1')), 2)} against "
+                       f"{slash((final(m, 'kl')(ref) for m in ('model_0', 'model_1')), 2)} (`model_0`, `model_1`, "
+                       f"last 5 "
+                       "iterations).")
+    return out + against_baseline(records, SECTION_TESTS["cory"])
+
+
+def reading_preference(records: Sequence[Record]) -> list[str]:
+    team, central, madpo = (of_method(records, n) for n in ("magrpo", "centralized", "madpo"))
+    out: list[str] = []
+    if team:
+        out.append(f"- **MAGRPO team:** {ms([ev(split='eval_before')(r) for r in team])} -> "
+                   f"{ms([ev()(r) for r in team])} ({span([ev()(r) for r in team])} after).")
+    if central:
+        totals = [x for r in central for x in r["curve"].get("reward/total", [])]
+        found = [(r["seed"], max(r["curve"].get("reward/sections_found", [math.nan]))) for r in central]
+        out.append(f"- **Centralised single model:** eval {slash(ev(split='eval_before')(r) for r in central)} before, "
+                   f"{slash(ev()(r) for r in central)} after (seeds {seeds(central)}); eval `sections_found` "
+                   f"{ms([ev('sections_found')(r) for r in central])}; the largest share of a training batch's roles "
+                   f"with a tagged section {', '.join(f'{v3(x)} (seed {s})' for s, x in found)}.")
+        if totals and all(x == 0 for x in totals):
+            out.append(f"  Every training batch's joint reward was 0 ({len(totals)} iterations over the seeds), so "
+                       f"every "
+                       "group's advantage was 0 and MAGRPO had nothing to learn from: the reference's format on this "
+                       "model, not a bug of the wrapper ([docs/centralized.md](centralized.md)).")
+    costs = {n: [cpu_s(r) for r in of_method(records, n)] for n in ("magrpo", "centralized", "madpo")}
+    parts = []
+    for n, xs in costs.items():
+        known = [x for x in xs if math.isfinite(x)]
+        if xs:
+            parts.append(f"{method_label(records, n)} {span(known, 0) if known else 'unknown'}"
+                         + (f" ({len(xs) - len(known)} unknown)" if len(known) < len(xs) else ""))
+    out.append("- **Cost**, CPU-seconds a run: " + "; ".join(parts) + ".")
+    if madpo:
+        before, after = [ev(split="eval_before")(r) for r in madpo], [ev()(r) for r in madpo]
+        loss = [r["curve"].get("losses/dpo", [math.nan])[-1] for r in madpo]
+        acc = [r["curve"].get("pref/accuracy", [math.nan])[-1] for r in madpo]
+        margin = [r["curve"].get("pref/margin", [math.nan])[-1] for r in madpo]
+        out.append(f"- **MADPO:** {ms(before)} -> {ms(after)} (seeds {seeds(madpo)}: "
+                   + ", ".join(f"{v3(b)} -> {v3(a)}" for b, a in zip(before, after))
+                   + f"; below its own start on {of(sum(1 for b, a in zip(before, after) if a < b), len(madpo))}). "
+                   f"Its last update's DPO loss {slash(loss, 2)} (chance: ln 2 = 0.69), pair accuracy {slash(acc, 2)}, "
+                   "margin "
+                   f"{slash(margin, 0)} nats: it fits its pairs at the learning rate every method shares here "
+                   f"({madpo[0]['flags'].get('learning-rate')}); section 4 gives it its own.")
+    return out + against_baseline(records, SECTION_TESTS["preference"])
+
+
+def sweep_line(sweep: Sequence[Record], name: str, chosen: float | None,
+               rates: Sequence[float] | None = None) -> str:
+    """``validation v1 at r1, **v2 at r2**, ...; eval (not used to choose): ...`` of one method's sweep
+    (``rates``: its grid, default ``SWEEP_RATES[name]``)."""
+    found = [(rate, next((r for r in sweep if r["method"] == sweep_name(name, rate)), None))
+             for rate in (SWEEP_RATES[name] if rates is None else rates)]
+    val = ", ".join((f"**{v3(ev(split='validation')(r))} at {rate:g}**" if rate == chosen
+                     else f"{v3(ev(split='validation')(r))} at {rate:g}") if r else f"(missing) at {rate:g}"
+                    for rate, r in found)
+    evals = ", ".join(v3(ev()(r)) for _, r in found if r)
+    before = span([ev(split="eval_before")(r) for _, r in found if r])
+    return f"validation totals {val}; eval (not used to choose) {before} -> {evals}"
+
+
+def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3: Sequence[Record],
+                    out_dir: Path) -> list[str]:
+    out: list[str] = []
+    if records:
+        out.append("- " + cpu_line(records))
+    rates = {name: chosen_rate(out_dir, name) for name in SWEEP_RATES}
+
+    def at(name: str) -> str:
+        mine = of_method(records, name)
+        if not mine:
+            return "no record yet"
+        after = [ev()(r) for r in mine]
+        before = ms([ev(split="eval_before")(r) for r in mine])
+        return f"eval {before} -> **{ms(after)}** ({slash(after)}, seeds {seeds(mine)})"
+
+    def rec(name: str, rate: float) -> Record | None:
+        return next((r for r in sweep if r["method"] == sweep_name(name, rate)), None)
+
+    out.append(f"- **MAGRPO team**: {sweep_line(sweep, 'magrpo', rates['magrpo'])}. At {rates['magrpo']}: "
+               f"{at('magrpo')}.")
+    if rates["madpo"] is not None:
+        losses = ", ".join(f"{v3(r['curve']['losses/dpo'][-1], 2)} at {rate:g}" for rate in SWEEP_RATES["madpo"]
+                           if (r := rec("madpo", rate)) and r["curve"].get("losses/dpo"))
+        old = [r["curve"]["losses/dpo"][-1] for r in of_method(section3, "madpo") if r["curve"].get("losses/dpo")]
+        out.append(f"- **Offline MADPO**: {sweep_line(sweep, 'madpo', rates['madpo'])}. Its last DPO loss {losses}"
+                   + (f" (section 3's rate, {of_method(section3, 'madpo')[0]['flags'].get('learning-rate')}: "
+                      f"{span(old, 2)})" if old else "")
+                   + f". At {rates['madpo']}: {at('madpo')}.")
+    name = "madpo-iterative"
+    if rates[name] is not None:
+        chosen = rates[name]
+        out.append(f"- **Iterative MADPO**: {sweep_line(sweep, name, chosen)}.")
+        loss = [(r["seed"], r["curve"].get("losses/dpo", [])) for r in of_method(records, name)]
+        out.append(f"  At {chosen:g} its DPO loss over the updates: " + ", ".join(
+            f"seed {s} {span(c, 2)} (last {slash(c[-3:], 2)})" for s, c in loss if c) + " (chance: ln 2 = 0.69).")
+        above = [rate for rate in SWEEP_RATES[name] if rate > chosen and rec(name, rate)]
+        for rate in above:
+            r = rec(name, rate)
+            out.append(f"  At {rate:g}: DPO loss {span(r['curve'].get('losses/dpo', [math.nan]), 2)}; validation "
+                       f"`jaccard` "
+                       f"{v3(ev('jaccard', 'validation')(r), 2)} against "
+                       f"{v3(ev('jaccard', 'validation')(rec(name, chosen)), 2)} at "
+                       f"{chosen:g}, length {v3(ev('length', 'validation')(r), 2)} against "
+                       f"{v3(ev('length', 'validation')(rec(name, chosen)), 2)}.")
+        if not above:
+            out.append(f"  {chosen:g} is the top of its grid: the best rate may lie above it.")
+        out.append(f"  At {chosen:g}: {at(name)}.")
+    marlhf = of_method(records, "marlhf")
+    if marlhf:
+        def last(r: Record, key: str) -> float:
+            return float(r["curve"].get(key, [math.nan])[-1])
+
+        interval = [1.96 * math.sqrt(acc * (1 - acc) / last(r, "pref/rm_heldout_pairs"))
+                    for r in marlhf if math.isfinite(acc := last(r, "pref/rm_heldout_accuracy"))] or [math.nan]
+        out.append(f"- **MARLHF's reward model on held-out pairs:** accuracy "
+                   f"{slash(last(r, 'pref/rm_heldout_accuracy') for r in marlhf)} "
+                   f"on {slash((last(r, 'pref/rm_heldout_pairs') for r in marlhf), 0)} pairs (seeds {seeds(marlhf)}; "
+                   f"{slash(last(r, 'pref/rm_accuracy_before') for r in marlhf)} before training, validation chose "
+                   f"epoch "
+                   f"{slash((last(r, 'pref/rm_epoch') for r in marlhf), 0)}). On so few pairs one accuracy's "
+                   f"binomial 95% interval (normal approximation) is up to ±{v3(max(interval), 2)}.")
+        if rates["marlhf"] is not None:
+            out.append(f"  MAGRPO on that reward: {sweep_line(sweep, 'marlhf', rates['marlhf'])}. At "
+                       f"{rates['marlhf']}: {at('marlhf')}.")
+            for rate in SWEEP_RATES["marlhf"]:
+                r = rec("marlhf", rate)
+                if r is None or rate == rates["marlhf"] or not r["curve"].get("iteration"):
+                    continue
+                half = int(r["curve"]["iteration"][-1]) // 2 + 1
+                out.append(f"  At {rate:g}, iterations {half}-{int(r['curve']['iteration'][-1])}: learned reward "
+                           f"{span(window(r, 'pref/learned_reward', half), 1)}, the task's reward of the same batches "
+                           f"{span(window(r, 'reward/total', half), 2)}.")
+            out.append("  These runs use no KL penalty (the reference's MARLHF puts 0.1 on the reward, `--kl-coef 0.1 "
+                       "--kl-in reward`); every method of this section runs without one.")
+    central = of_method(records, "centralized")
+    if central:
+        totals = [x for r in central for x in r["curve"].get("reward/total", [])]
+        found = [max(r["curve"].get("reward/sections_found", [math.nan])) for r in central]
+        out.append(f"- **Centralised, reference format** (not swept: {chosen_rate(out_dir, 'centralized')}): "
+                   f"{at('centralized')}; eval before {slash(ev(split='eval_before')(r) for r in central)}. "
+                   f"The largest share of a training batch's roles with a tagged section: {slash(found)} (seeds "
+                   f"{seeds(central)})"
+                   + ("; every training joint reward was 0, so every advantage was 0 and the adapter never moved."
+                      if totals and all(x == 0 for x in totals) else "."))
+    name = "centralized-prefill"
+    prefill = of_method(records, name)
+    if rates[name] is not None and prefill:
+        out.append(f"- **Centralised, first tag prefilled**: {sweep_line(sweep, name, rates[name])}.")
+        out.append(f"  Eval `sections_found` {slash(ev('sections_found', 'eval_before')(r) for r in prefill)} before, "
+                   f"{slash(ev('sections_found')(r) for r in prefill)} after (seeds {seeds(prefill)}); `length` after "
+                   f"{slash(ev('length')(r) for r in prefill)}. At {rates[name]}: {at(name)}.")
+        for rate in SWEEP_RATES[name]:
+            r = rec(name, rate)
+            if r is None or rate == rates[name] or not r["curve"].get("reward/sections_found"):
+                continue
+            curve = r["curve"]["reward/sections_found"]
+            peak = max(curve)
+            out.append(f"  At {rate:g}: training `sections_found` peaks at {v3(peak, 2)} (iteration "
+                       f"{first_iteration(r, 'reward/sections_found', lambda x, p=peak: x == p)}) and ends at "
+                       f"{v3(curve[-1], 2)}; eval total {v3(ev()(r))}.")
+    return out + against_baseline(records, SECTION_TESTS["methods"])
+
+
+CODING_MEASURES = (("eval pass@1", ev("pass@1")), ("eval tests", ev("tests")))
+"""What the coding section compares: pass@1 and the fraction of assertions passed, the two measures the
+one coder (no helper, so no aux levels) and the pair are scored by alike."""
+CODING_TESTS: list[Comparison] = [
+    *(c for what, value in CODING_MEASURES
+      for c in against("magrpo", ["untrained-parallel", "untrained-sequential", "single"], what, value)),
+    *(("eval pass@1" if i == 0 else "eval tests", "magrpo-2turn", "magrpo", value)
+      for i, (_, value) in enumerate(CODING_MEASURES)),
+]
+"""The paper's claims on code (issue #51): the MAGRPO pair above the untrained pairs and the one coder,
+and two turns with the tests' feedback above one turn; on each measure of :data:`CODING_MEASURES`."""
+
+
+def direction(t: "Tested", level: float = 0.05) -> str:
+    """Whether the paper's direction (A above B) holds on a tested comparison: it holds (above, and
+    significant after Holm's correction by either test), holds in direction only, does not hold (A not
+    above B), or is not measurable (no shared seed, or every value the same on both sides)."""
+    a, b = list(t.values_a.values()), list(t.values_b.values())
+    if not (a and b):
+        return "not measurable yet (no record on one side)"
+    if len({*a, *b}) == 1:
+        return f"not measurable at this size (every value is {v3(a[0])} on both sides)"
+    if _mean(a) <= _mean(b):
+        return "does not hold"
+    if min(t.paired_holm, t.welch_holm) < level:
+        return f"holds (significant at {level:g} after Holm's correction)"
+    return f"holds in direction only (not significant at {level:g} after Holm's correction)"
+
+
+def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: Path) -> list[str]:
+    """Section 5: the sweep, the untrained pairs' components, each row's eval before and after, and the
+    paper's direction on each comparison, with the tests of :data:`CODING_TESTS`."""
+    out: list[str] = []
+    runs = [*records, *sweep]
+    if runs:
+        out.append("- " + cpu_line(list(distinct_runs(runs).values())))
+    for name in ("untrained-parallel", "untrained-sequential"):
+        mine = of_method(records, name)
+        if mine:
+            shown = ", ".join(f"`{k}` {ms([ev(k)(r) for r in mine])}"
+                              for k in ("pass@1", "tests", "main_defined", "aux_defined", "syntax", "aux_call",
+                                        "beyond_wrapper"))
+            out.append(f"- **{method('coding', name).label}** (eval, seeds {seeds(mine)}): {shown}.")
+    for name, rates in CODING_SWEEP_RATES.items():
+        rate = chosen_rate(out_dir, name, "coding")
+        line = f"- **{method('coding', name).label}**: {sweep_line(sweep, name, rate, rates)}."
+        mine = of_method(records, name)
+        if mine:
+            parts = []
+            for key in ("pass@1", "tests", "total"):
+                before, after = [ev(key, "eval_before")(r) for r in mine], [ev(key)(r) for r in mine]
+                parts.append(f"`{key}` {ms(before)} -> **{ms(after)}** ({slash(after)})")
+            line += f" At {rate}, seeds {seeds(mine)}: eval " + "; ".join(parts) + "."
+        out.append(line)
+    for t in family_tests(records, CODING_TESTS):
+        label_a, label_b = method("coding", t.a).label, method("coding", t.b).label
+        out.append(f"- **The paper's direction, {label_a} above {label_b}** ({t.what}): {direction(t)}; "
+                   + (f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}, {verdict(t)}"
+                      if t.values_a and t.values_b else "no record yet") + ".")
+    out.append("- **Not measured here:** the paper's discussion baseline (the agents exchange messages before "
+               "writing), which this suite has no env for.")
+    return out
+
+
+def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
+    """The reading any section of comparisons against a baseline can have (``SECTION_TESTS``): per
+    comparison both means, on how many shared seeds A is ahead of B and by how much, and whether the
+    difference holds after Holm's correction."""
+    out = []
+    for t in family_tests(records, comparisons):
+        if not (t.values_a and t.values_b):
+            continue
+        ahead = sum(1 for seed in t.shared if t.values_a[seed] > t.values_b[seed])
+        out.append(f"- **{method_label(records, t.a)} against {method_label(records, t.b)}** ({t.what}): "
+                   f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}; above it on "
+                   f"{of(ahead, len(t.shared))} shared seeds (A - B: "
+                   f"{slash(t.values_a[seed] - t.values_b[seed] for seed in t.shared)}); {verdict(t)}.")
+    return out
+
+
+def verdict(t: Tested, level: float = 0.05) -> str:
+    """Whether a comparison's difference holds at ``level`` after Holm's correction, paired and Welch."""
+    if math.isnan(t.paired_holm) and math.isnan(t.welch_holm):
+        return "no test (fewer than two seeds a side, or no spread)"
+    holds = [name for name, p in (("paired", t.paired_holm), ("Welch", t.welch_holm)) if p < level]
+    shown = f"Holm-corrected p {_p(t.paired_holm)} paired, {_p(t.welch_holm)} Welch"
+    if len(holds) == 2:
+        return f"significant at {level:g} by both tests ({shown})"
+    if holds:
+        return f"significant at {level:g} by the {holds[0]} test only ({shown})"
+    return f"not significant at {level:g} ({shown})"
+
+
+SECTION_TESTS: dict[str, list[Comparison]] = {
+    "magrpo": against("magrpo", ["untrained-parallel", "untrained-sequential", "single-reference", "single-strict",
+                                 "magrpo-2turn"]),
+    "cory": CORY_TESTS,
+    "preference": against("magrpo", ["centralized", "madpo"]),
+    "methods": against("magrpo", ["madpo-iterative", "madpo", "marlhf", "centralized-prefill", "centralized"]),
+    "coding": CODING_TESTS,
+}
+"""Each section's comparisons, tested in its table (one family for Holm's correction) and read by
+:func:`against_baseline`; a new section adds its entry (``against(baseline, others)``)."""
+
+Records = Sequence[Record]
+READINGS: dict[str, Callable[[Mapping[str, Records], Path, int], list[str]]] = {
+    "magrpo": lambda of, out, smoothing: reading_magrpo(of["magrpo"], smoothing),
+    "cory": lambda of, out, smoothing: reading_cory(of["cory"]),
+    "preference": lambda of, out, smoothing: reading_preference(of["preference"]),
+    "methods": lambda of, out, smoothing: reading_methods(of["methods"], of.get("sweep", []), of.get("preference", []),
+                                                         out),
+    "coding": lambda of, out, smoothing: reading_coding(of["coding"], of.get("coding-sweep", []), out),
+}
+"""Each section's own reading, from the records of every comparison (by name), the records' folder and
+the figures' smoothing. A section with tests (``SECTION_TESTS``) and no entry here reads
+:func:`against_baseline`; one with neither has no reading (the sweep, read in ``methods``'s)."""
+
+
+def reading(comparison: str, records_of: Mapping[str, Records], out: Path, smoothing: int) -> str | None:
+    """The reading of one section, from the records (None: the section has no reading; the page then
+    needs no ``<comparison>-reading`` markers)."""
+    records = records_of[comparison]
+    if comparison in READINGS:
+        lines = READINGS[comparison](records_of, out, smoothing)
+    elif comparison in SECTION_TESTS:
+        lines = against_baseline(records, SECTION_TESTS[comparison])
+    else:
+        return None
+    sweep = SWEEPS[comparison][0] if comparison in SWEEPS else None
+    if not records and not (sweep and records_of.get(sweep)):
+        return "No record yet."
+    return "\n".join(lines)
+
+
+def sampling_note(records: Sequence[Record], out: Path) -> str:
+    """Which sampler each section's runs used, from their commits; and what the change did to the one
+    figure that can show it, the untrained pair's eval before training on the same eval articles."""
+    per: dict[str, dict[str, int]] = {}
+    for comparison in dict.fromkeys(r["comparison"] for r in records):
+        for r in distinct_runs(x for x in records if x["comparison"] == comparison).values():
+            counts = per.setdefault(comparison, {})
+            kind = sampler_of(commit_of(r), out)
+            counts[kind] = counts.get(kind, 0) + 1
+    text = (f"*Sampling changed at commit {COUNTER_DRAW} (counter-based random numbers and an exponential-race draw, "
+            "docs/agents.md \"The rollout engine\"); a run at a later commit draws other samples from the same seed. "
+            "The sampler of each run, from its commit: "
+            + "; ".join(f"`{c}` " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                        for c, counts in per.items())
+            + ".")
+    old = [r for r in records if r["comparison"] == "magrpo" and r["method"] == "untrained-parallel"]
+    new = [r for r in records if r["comparison"] == "methods" and r["method"] == "magrpo"]
+    kinds = {sampler_of(commit_of(r), out) for r in old}, {sampler_of(commit_of(r), out) for r in new}
+    if old and new and kinds[0] != kinds[1] and len(kinds[0]) == len(kinds[1]) == 1:
+        text += (f" The untrained pair on the same eval articles and seeds scores {ms([ev()(r) for r in old])} with "
+                 f"the "
+                 f"{next(iter(kinds[0]))} draw (section 1) and {ms([ev(split='eval_before')(r) for r in new])} with "
+                 f"the "
+                 f"{next(iter(kinds[1]))} one (section 4's eval before training).")
+    return text + "*"
