@@ -517,7 +517,10 @@ def test_cory_of_two_tokenizers_repeats_and_resumes_across_a_swap(model_dirs, tm
     assert_same_run(run_state(interrupted.run_dir()), expected)
 
 
-def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward):
+def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward, monkeypatch):
+    """Two bases of one tokenizer: CORY and MAAC train them; MAAC's critic reads every agent's ids
+    exactly as before teams of tokenizers (``critic_inputs`` of the turns' ids: the same inputs, the same
+    values, bit for bit)."""
     from baselines.learners import cory, maac, ppo
 
     result = cory.main(cory.Config(**learner_settings(
@@ -525,22 +528,139 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
         agent_settings=("model_1.temperature=0.7",), batch_size=2, minibatch_size=2, num_ppo_epochs=1,
         min_new_tokens=3, max_new_tokens=6)))
     assert_trained(result, tmp_path / "cory", ["model_0", "model_1"])
+    seen = spy_maac_critic(monkeypatch, pin=True)
     result = maac.main(maac.Config(**learner_settings(
         tmp_path, "maac", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen-smol']}",),
         max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
     assert_trained(result, tmp_path / "maac", ["brief", "detailed", "critic"])
-    # A central critic reads every agent's token ids: two tokenizers are refused before training (MAAC,
-    # and PPO's and CORY's --critic central).
-    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
-        maac.main(maac.Config(**learner_settings(
-            tmp_path, "maac-mixed", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
-            max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
+    assert "charts/critic_reencode_fraction" not in result  # nothing re-encoded
+    assert len(seen) == 2
+    for policy, turns, inputs, values, (old, old_values) in seen:  # each iteration: as the code before #52
+        assert len(policy.groups) == 2 and len(inputs) == len(turns) == 1
+        assert torch.equal(inputs[0][0], old[0]) and torch.equal(inputs[0][1], old[1])
+        assert torch.equal(values[:, 0], old_values)
+    # PPO's and CORY's --critic central value every response token: two tokenizers are refused before
+    # training.
     with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
         ppo.main(ppo.Config(**learner_settings(
             tmp_path, "ppo-central-mixed", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
             agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2)))
     with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
         cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central-mixed", critic="central"))
+
+
+def spy_maac_critic(monkeypatch, pin: bool = False) -> list:
+    """Record, per MAAC iteration, [policy, turns, the critic's inputs, its old values]; ``pin``: and the
+    inputs and values of the code before teams of tokenizers (``critic_inputs`` of the turns' ids, then
+    ``critic_values`` of them, at the same weights) for a team of one tokenizer."""
+    from agents import MultiAgentPolicy
+    from baselines.learners import maac
+    from baselines.rl.critic import critic_inputs, critic_values
+
+    seen: list = []
+    built: list = []
+    real_build, real_rollout, real_values = MultiAgentPolicy.from_pretrained, maac.rollout, maac.old_critic_values
+
+    def build(*args, **kwargs):
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    def rollout(*args, **kwargs):
+        seen.append([built[-1], real_rollout(*args, **kwargs)])
+        return seen[-1][1]
+
+    def values(policy, inputs, budget):
+        out = real_values(policy, inputs, budget)
+        seen[-1] += [inputs, out]
+        if pin:
+            turn = seen[-1][1][0]
+            responses = {a: (g.response_ids, g.response_mask) for a, g in turn.responses.items()}
+            old = critic_inputs(turn.prompts, responses, list(turn.prompts), policy.pad_token_id)
+            with torch.no_grad():
+                seen[-1].append((old, critic_values(policy, *old).float().cpu()))
+        return out
+
+    monkeypatch.setattr(MultiAgentPolicy, "from_pretrained", build)
+    monkeypatch.setattr(maac, "rollout", rollout)
+    monkeypatch.setattr(maac, "old_critic_values", values)
+    return seen
+
+
+def maac_of_two_tokenizers(model_dirs, tmp_path, name: str, **overrides):
+    """MAAC with ``brief`` a Llama over SmolLM2's tokenizer and ``detailed`` a Qwen2 over the BPE one; the
+    critic on the Llama's base."""
+    from baselines.learners import maac
+
+    settings = dict(model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",), max_source_words=20,
+                    num_problems=2, num_generations=2, max_new_tokens=8, num_epochs=1, critic_learning_rate=1e-2)
+    return maac.Config(**learner_settings(tmp_path, name, **{**settings, **overrides}))
+
+
+def test_maac_of_two_tokenizers_from_the_command_line(model_dirs, tmp_path, varied_writing_reward, monkeypatch,
+                                                     capsys):
+    """``llm-envs train maac`` with a Llama and a Qwen2 of different tokenizers: the critic (on the
+    Llama's base) reads the Qwen2's prompt and response as their text in SmolLM2's tokens, the Llama's
+    as its ids; both actors and the critic train, metrics are finite; an interrupted and resumed run
+    ends as the uninterrupted one; the checkpoint evaluates from the command line."""
+    from test_interrupt import assert_same_run, patch_to_interrupt, run_state
+
+    from baselines.infra.checkpoints import find_checkpoint
+    from baselines.infra.cli import main as cli
+    from baselines.learners import maac
+
+    config = maac_of_two_tokenizers(model_dirs, tmp_path, "maac-mixed")
+    flags = ["train", "maac", "--model", config.model, "--agent-models", *config.agent_models, "--max-source-words",
+             "20", "--num-problems", "2", "--num-generations", "2", "--max-new-tokens", "8", "--num-epochs", "1",
+             "--critic-learning-rate", "1e-2", "--num-iterations", "2", "--learning-rate", "1e-2", "--lora-rank", "4",
+             "--lora-alpha", "8", "--num-eval-problems", "0", "--output-dir", str(tmp_path), "--run-name",
+             "maac-mixed", "--checkpoint-every", "1", "--no-tensorboard", "--no-progress"]
+    seen = spy_maac_critic(monkeypatch)
+    assert cli(flags) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "maac-mixed"
+    from baselines.infra.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "losses/value_loss" in r]
+    assert len(rows) == 2
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+        assert 0 < row["charts/critic_reencode_fraction"] < 1
+    assert_trained({}, run_dir, ["brief", "detailed", "critic"])
+    smol, bpe = load_tokenizer(model_dirs["llama"]), load_tokenizer(model_dirs["qwen"])
+    policy, turns, inputs, _ = seen[0]
+    assert policy.tokenizer_of("critic") is policy.tokenizer_of("brief") is not policy.tokenizer_of("detailed")
+    ids, mask = inputs[0]
+    assert int(ids.max()) < len(smol)
+    for row in range(len(ids)):
+        kept = ids[row][mask[row].bool()].tolist()
+        gens = turns[0].responses
+        brief = gens["brief"].response_ids[row][gens["brief"].response_mask[row].bool()].tolist()
+        text = bpe.decode(gens["detailed"].response_ids[row][gens["detailed"].response_mask[row].bool()].tolist(),
+                          skip_special_tokens=True)
+        prompt_ids, prompt_mask = turns[0].prompts["detailed"]
+        prompt = bpe.decode(prompt_ids[row][prompt_mask[row].bool()].tolist(), skip_special_tokens=True)
+        # Brief's tokens as they are; detailed's prompt then response, each its text in SmolLM2's tokens.
+        detailed = smol(prompt, add_special_tokens=False).input_ids + smol(text, add_special_tokens=False).input_ids
+        assert kept[-len(detailed):] == detailed
+        assert contains(kept, brief)
+
+    # Ctrl-C between the actors' steps of iteration 2, then --resume: the run ends as the uninterrupted one.
+    interrupted = maac_of_two_tokenizers(model_dirs, tmp_path, "interrupted")
+    with monkeypatch.context() as patch:
+        patch_to_interrupt(patch, maac, "update_agent", "step", 2)
+        with pytest.raises(KeyboardInterrupt):
+            maac.main(interrupted)
+    assert json.loads((find_checkpoint(interrupted.run_dir()) / "trainer.json").read_text())["step"] == 1
+    maac.main(dataclasses.replace(interrupted, resume=True))
+    assert_same_run(run_state(interrupted.run_dir()), run_state(run_dir))
+    # The checkpoint evaluates from the command line (the critic rebuilt on its base).
+    capsys.readouterr()
+    assert cli(["eval", "--checkpoint", str(run_dir), "--num-problems", "1"]) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["eval/total"])
+
+
+def contains(row: list[int], part: list[int]) -> bool:
+    return any(row[i : i + len(part)] == part for i in range(len(row) - len(part) + 1))
 
 
 def test_agent_settings_errors_list_the_valid_names():
