@@ -659,6 +659,49 @@ def test_maac_of_two_tokenizers_from_the_command_line(model_dirs, tmp_path, vari
     assert math.isfinite(json.loads(capsys.readouterr().out)["eval/total"])
 
 
+def test_critic_reader_encodes_foreign_agents_and_names_text_it_cannot_encode(toks):
+    """A critic whose tokenizer is neither agent's reads both as text; a tokenizer without byte fallback
+    (a BPE over the corpus' characters, with an unknown token) refuses a character it has never seen,
+    naming the agent, the characters and the fix."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from baselines.rl.critic import CriticReader
+
+    smol, bpe = toks
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<pad>", "<eos>", "<unk>"]))
+    closed = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizers = {"brief": smol, "detailed": bpe, "critic": closed}
+    policy = SimpleNamespace(tokenizer_of=tokenizers.get, pad_token_id_of=lambda agent: tokenizers[agent].pad_token_id)
+    read = CriticReader(policy, ["brief", "detailed"])
+    assert sorted(read.foreign) == ["brief", "detailed"]
+
+    def encoded(texts: dict[str, list[str]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        out = {}
+        for agent, rows in texts.items():
+            enc = tokenizers[agent](rows, padding=True, return_tensors="pt")
+            out[agent] = (enc.input_ids, enc.attention_mask)
+        return out
+
+    prompts = encoded({"brief": ["The council met", "Summarize the article"],
+                       "detailed": ["Write a short summary"] * 2})
+    responses = encoded({"brief": ["the budget", "The cast was great"], "detailed": ["several sentences", ""]})
+    ids, mask = read(prompts, responses)
+    words = [["The council met", "the budget", "Write a short summary", "several sentences"],
+             ["Summarize the article", "The cast was great", "Write a short summary", ""]]
+    for row, parts in enumerate(words):  # each piece's text in the critic's tokens, agents in env order
+        expected = [i for part in parts for i in closed(part, add_special_tokens=False).input_ids]
+        assert ids[row][mask[row].bool()].tolist() == expected
+    assert read.seconds > 0
+    responses = encoded({"brief": ["the budget", "café au lait"], "detailed": ["several sentences", ""]})
+    with pytest.raises(ValueError, match=r"cannot encode agent 'brief'.*\['é'\].*--critic-model"):
+        read(prompts, responses)
+
+
 def contains(row: list[int], part: list[int]) -> bool:
     return any(row[i : i + len(part)] == part for i in range(len(row) - len(part) + 1))
 
