@@ -653,6 +653,9 @@ def test_maac_of_two_tokenizers_from_the_command_line(model_dirs, tmp_path, vari
     assert json.loads((find_checkpoint(interrupted.run_dir()) / "trainer.json").read_text())["step"] == 1
     maac.main(dataclasses.replace(interrupted, resume=True))
     assert_same_run(run_state(interrupted.run_dir()), run_state(run_dir))
+    # Resuming with the critic on another base is refused, naming the critic.
+    with pytest.raises(ValueError, match="critic"):
+        maac.main(dataclasses.replace(interrupted, num_iterations=3, resume=True, critic_model=model_dirs["qwen"]))
     # The checkpoint evaluates from the command line (the critic rebuilt on its base).
     capsys.readouterr()
     assert cli(["eval", "--checkpoint", str(run_dir), "--num-problems", "1"]) == 0
@@ -668,7 +671,7 @@ def test_critic_reader_encodes_foreign_agents_and_names_text_it_cannot_encode(to
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from baselines.rl.critic import CriticReader
+    from baselines.rl.critic import CriticReader, check_context
 
     smol, bpe = toks
     raw = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -700,6 +703,13 @@ def test_critic_reader_encodes_foreign_agents_and_names_text_it_cannot_encode(to
     responses = encoded({"brief": ["the budget", "café au lait"], "detailed": ["several sentences", ""]})
     with pytest.raises(ValueError, match=r"cannot encode agent 'brief'.*\['é'\].*--critic-model"):
         read(prompts, responses)
+    # A joint turn longer than the critic's model has positions (the probe takes one more) is refused.
+    config = SimpleNamespace(max_position_embeddings=len(ids[0]) + 1, _name_or_path="tiny")
+    critic = SimpleNamespace(group=lambda agent: SimpleNamespace(causal_lm=SimpleNamespace(config=config)))
+    check_context(critic, [(ids, mask)])
+    config.max_position_embeddings -= 1
+    with pytest.raises(ValueError, match=rf"up to {len(ids[0])} tokens .* \(tiny\) has {len(ids[0])} positions"):
+        check_context(critic, [(ids, mask)])
 
 
 def contains(row: list[int], part: list[int]) -> bool:

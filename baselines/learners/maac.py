@@ -48,6 +48,7 @@ from baselines.rl.critic import (
     CriticReader,
     central_context,
     central_forward,
+    check_context,
     critic_inputs,
     critic_values,
     row_chunks,
@@ -319,6 +320,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
                 for turn in turns
             ]
             recoded = read.seconds - recoded
+            check_context(policy, inputs)
             old_values = old_critic_values(policy, inputs, config.micro_batch_tokens)  # (N, turns)
             returns, advantages = returns_and_advantages(
                 rewards, old_values, config, team_kl, across_ranks=run.info.distributed

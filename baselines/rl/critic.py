@@ -6,6 +6,7 @@ reading every agent's prompt and response. MAAC's critic (baselines/learners/maa
 ``critic_inputs``      MAAC's view of a joint turn: every agent's prompt then response, in env order
 ``CriticReader``       the same view in the critic's own tokens, for a team of several tokenizers
 ``with_critic``        the policy's models with the critic's base (the first agent's, or its own)
+``check_context``      refuse a joint turn longer than the critic's model has positions
 ``critic_values``      (N,) the critic's estimate after reading such a view
 ``central_context``    PPO/CORY: the other roles' prompts and responses, then the scored role's prompt
 ``central_forward``    an actor's log-probs with the central critic's values of the same tokens
@@ -161,6 +162,24 @@ class CriticReader:
                     f"critic would not see what {agent!r} wrote; give the critic a model whose tokenizer "
                     f"encodes any text (a byte-level BPE, or {agent!r}'s own base: --critic-model MODEL)"
                 )
+
+
+def check_context(policy: Any, inputs: Sequence[tuple[torch.Tensor, torch.Tensor]], adapter: str = CRITIC) -> None:
+    """Refuse critic inputs longer than the critic's model has positions (its ``max_position_embeddings``,
+    one taken by :func:`critic_values`' probe): a model of learned positions (GPT-2) fails with an
+    index error there, a rotary one reads positions it was never trained on. A team of tokenizers makes
+    it likelier: text re-encoded by a tokenizer of few merges takes more tokens."""
+    config = getattr(policy.group(adapter).causal_lm, "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    width = max((int(ids.shape[1]) for ids, _ in inputs), default=0) + 1
+    if isinstance(limit, int) and width > limit:
+        name = getattr(config, "_name_or_path", "") or getattr(config, "model_type", "?")
+        raise ValueError(
+            f"the critic reads joint turns of up to {width - 1} tokens (every agent's prompt and response, in "
+            f"its own tokens) plus one probe, but its model ({name}) has {limit} positions; shorten the "
+            f"prompts (--max-source-words) or responses (--max-new-tokens), or give the critic a model of "
+            f"a longer context (--critic-model)"
+        )
 
 
 def with_critic(
