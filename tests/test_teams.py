@@ -4,8 +4,9 @@ The team: a tiny Llama over SmolLM2's default tokenizer (49152 ids) and a tiny Q
 BPE tokenizer trained here (300 ids; its model directory loads it as Qwen2's tokenizer, one id more),
 both built from config in the test. The policy groups agents by base (agents/team.py); per-agent
 sampling reaches the engine; checkpoints record each agent's base and tokenizer; every learner trains
-such a team, CORY's two models swapping roles between the two tokenizers (the central critics need one
-tokenizer: a Llama and a Qwen2 over SmolLM2's).
+such a team, CORY's two models swapping roles between the two tokenizers, MAAC's critic reading the
+agent of the other tokenizer as text (PPO's and CORY's --critic central need one tokenizer: a Llama and a
+Qwen2 over SmolLM2's).
 """
 
 from __future__ import annotations
