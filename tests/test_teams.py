@@ -552,11 +552,12 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
 
 def spy_maac_critic(monkeypatch, pin: bool = False) -> list:
     """Record, per MAAC iteration, [policy, turns, the critic's inputs, its old values]; ``pin``: and the
-    inputs and values of the code before teams of tokenizers (``critic_inputs`` of the turns' ids, then
-    ``critic_values`` of them, at the same weights) for a team of one tokenizer."""
+    inputs and values of the code before teams of tokenizers (``critic_inputs`` of the turns' ids with the
+    policy's one pad id, then the critic's values of them, at the same weights) for a team of one
+    tokenizer."""
     from agents import MultiAgentPolicy
     from baselines.learners import maac
-    from baselines.rl.critic import critic_inputs, critic_values
+    from baselines.rl.critic import critic_inputs
 
     seen: list = []
     built: list = []
@@ -577,8 +578,7 @@ def spy_maac_critic(monkeypatch, pin: bool = False) -> list:
             turn = seen[-1][1][0]
             responses = {a: (g.response_ids, g.response_mask) for a, g in turn.responses.items()}
             old = critic_inputs(turn.prompts, responses, list(turn.prompts), policy.pad_token_id)
-            with torch.no_grad():
-                seen[-1].append((old, critic_values(policy, *old).float().cpu()))
+            seen[-1].append((old, real_values(policy, [old], budget)[:, 0]))  # the same passes, as before
         return out
 
     monkeypatch.setattr(MultiAgentPolicy, "from_pretrained", build)
