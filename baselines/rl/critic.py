@@ -152,9 +152,11 @@ class CriticReader:
             return
         for text in texts:
             if unk in encoded[text] and self.tokenizer.unk_token not in text:
-                pieces = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-                chars = sorted({text[s:e] for i, (s, e) in zip(pieces["input_ids"], pieces["offset_mapping"])
-                                if i == unk})
+                chars: Any = "some characters"
+                if getattr(self.tokenizer, "is_fast", False):  # only fast tokenizers map tokens to characters
+                    pieces = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+                    chars = sorted({text[s:e] for i, (s, e) in zip(pieces["input_ids"], pieces["offset_mapping"])
+                                    if i == unk})
                 name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
                 raise ValueError(
                     f"the critic's tokenizer ({name}) cannot encode agent {agent!r}'s text: it reads "
