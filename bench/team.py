@@ -12,6 +12,13 @@ shared base stays the faster team. Prints one JSON object on its last line.
 (b) ``team_shared_base``: two LoRA agents on one copy of A (their rows decode together) against
     ``team_two_copies``: the same two agents on two copies of A (two groups, one after the other).
     ``ratio = shared / two_copies``; the shared base must be the faster (< 1).
+(c) ``--learner maac`` (issue #52), instead of (a) and (b): MAAC iterations (``maac.main``: rollout,
+    the critic's old values, each actor's update, the critic's update) of a team of two tokenizers:
+    ``brief`` on A, ``detailed`` on a model of A's config over a byte-level BPE of ``--vocab`` 8192 ids
+    trained here on the env's train sources (random weights). The critic sits on A and reads
+    ``detailed``'s prompts and responses as text in A's tokens: ``reencode_fraction`` is the share of
+    an iteration spent decoding and re-encoding them (``charts/critic_reencode_fraction``, timed inside
+    the loop), a median over the timed iterations; target <= 0.05.
 
 Settings (the same for every variant): writing/xsum-v0, sources cut to ``--max-source-words`` 40,
 ``--problems`` 1 x G=``--generations`` 4 rows per agent, ``--max-new-tokens`` 16, temperature 0.7,
@@ -22,6 +29,7 @@ interleaved, iteration by iteration, so that drift in the machine's load hits th
 medians over ``--iterations`` 3 timed iterations after ``--warmup`` 1 untimed one.
 
     python bench/team.py [--iterations 3] [--warmup 1] [--max-new-tokens 16] [--problems 1] [--threads N]
+    python bench/team.py --learner maac [--vocab 8192] [...]
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ import argparse
 import copy
 import json
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,6 +93,61 @@ def iteration(policy: Any, trained: Mapping[str, MultiAgentPolicy], optimizers: 
     return time.perf_counter() - start
 
 
+def other_tokenizer_model(base: Any, vocab_size: int, texts: list[str], path: Path) -> str:
+    """A directory holding a model of ``base``'s config (random weights, ``base``'s dtype) over a
+    byte-level BPE of ``vocab_size`` ids trained on ``texts``: a base of another tokenizer family."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_models import byte_bpe  # the tests' BPE trainer (tests/tiny_models.py)
+
+    tokenizer = byte_bpe(vocab_size, texts)
+    tokenizer.save_pretrained(path)
+    config = copy.deepcopy(base.config)
+    config.vocab_size, config.pad_token_id = len(tokenizer), tokenizer.pad_token_id
+    config.bos_token_id = config.eos_token_id = tokenizer.eos_token_id
+    config.tie_word_embeddings = True
+    config.save_pretrained(path)
+    reloaded = AutoTokenizer.from_pretrained(path)  # as the learner loads it
+    config.vocab_size = len(reloaded)
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(config).to(base.dtype).save_pretrained(path)
+    return str(path)
+
+
+def maac_row(args: argparse.Namespace) -> dict[str, Any]:
+    """(c): MAAC iterations of a team of two tokenizers, and the share of each spent re-encoding."""
+    import llm_envs
+    from baselines.infra.metrics import read_metrics
+    from baselines.learners import maac
+
+    base = load_model(None, device=args.device)
+    sources = [p["source"] for p in llm_envs.make("writing/xsum-v0").task.problems("train")]
+    total = args.warmup + args.iterations
+    with tempfile.TemporaryDirectory() as tmp:
+        other = other_tokenizer_model(base, args.vocab, sources, Path(tmp) / "other")
+        config = maac.Config(
+            agent_models=(f"detailed={other}",), num_iterations=total, num_problems=args.problems,
+            num_generations=args.generations, max_new_tokens=args.max_new_tokens,
+            max_source_words=args.max_source_words, temperature=0.7, top_p=0.9, num_eval_problems=0,
+            checkpoint_every=0, output_dir=tmp, run_name="maac", tensorboard=False, progress=False,
+            threads=args.threads, device=args.device,
+        )
+        maac.main(config)
+        rows = [r for r in read_metrics(Path(tmp) / "maac" / "metrics.jsonl") if "losses/value_loss" in r][args.warmup:]
+    seconds = [r["charts/s_per_iteration"] for r in rows]
+    fractions = [r["charts/critic_reencode_fraction"] for r in rows]
+    return {
+        "learner": "maac", "s_per_iteration": round(statistics.median(seconds), 3),
+        "reencode_s": round(statistics.median(f * t for f, t in zip(fractions, seconds)), 5),
+        "reencode_fraction": round(statistics.median(fractions), 5), "target": 0.05,
+        "iterations": args.iterations, "warmup": args.warmup, "problems": args.problems, "G": args.generations,
+        "max_new_tokens": args.max_new_tokens, "max_source_words": args.max_source_words,
+        "models": ["SmolLM2-135M-Instruct", f"same config, random, byte-level BPE of {args.vocab} ids"],
+        "machine": machine_description(base.dtype),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=3)
@@ -94,9 +160,15 @@ def main() -> None:
                         help="torch threads (default: torch's; on a machine shared with other jobs, fewer threads "
                              "than cores avoids the spinning of oversubscribed OpenMP threads)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
+    parser.add_argument("--learner", choices=("magrpo", "maac"), default="magrpo",
+                        help="magrpo: (a) and (b); maac: (c), a MAAC team of two tokenizers")
+    parser.add_argument("--vocab", type=int, default=8192, help="(c): ids of the second tokenizer")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.learner == "maac":
+        print(json.dumps(maac_row(args)))
+        return
     config = Config(num_problems=args.problems, num_generations=args.generations, max_new_tokens=args.max_new_tokens,
                     temperature=0.7, top_p=0.9, max_source_words=args.max_source_words, progress=False,
                     tensorboard=False)

@@ -555,20 +555,26 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(tmp_path / "dp" / "ppo"), abs=1e-6)
 
 
-def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
+def test_maac_two_processes_match_one(team_dirs, tmp_path):
     """MAAC on 2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards:
     2 + 1), 2 turns, two epochs: actors, critic adapter and value head identical on both ranks and
     equal to the one-process run to 1e-4; advantages are whitened over the whole batch and the
     critic's value loss is a mean over every rank's rows; the team's KL comes off the rewards. The
-    2-process run pauses after iteration 1 and resumes; rank 0 evaluates."""
+    2-process run pauses after iteration 1 and resumes; rank 0 evaluates.
+
+    The team has two tokenizers (a Llama over SmolLM2's, a Qwen2 over a 300-id BPE) and the critic its
+    own base (--critic-model, the Qwen2's): it reads the Llama's prompts and responses as text in the
+    BPE's tokens, re-encoded on each rank from that rank's rows (docs/maac.md "Teams"). One tokenizer
+    takes the same code with nothing re-encoded (its inputs pinned in tests/test_teams.py)."""
     from test_maac import tiny_maac
 
     from baselines.learners import maac
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
-    config = tiny_maac(tiny_model_dir, tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
+    config = tiny_maac(team_dirs["brief"], tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
                        dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3,
-                       kl_in="reward", kl_coef=0.1, top_k=TOP_K)
+                       kl_in="reward", kl_coef=0.1, top_k=TOP_K, agent_models=(f"detailed={team_dirs['detailed']}",),
+                       critic_model=team_dirs["detailed"])
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "maac", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
@@ -591,6 +597,7 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     reference = all_policy_tensors(find_checkpoint(one_run) / "policy")
     assert ranks[0].keys() == ranks[1].keys() == saved.keys() == reference.keys()
     assert any(k.startswith("critic.value_head") for k in reference)
+    assert "charts/critic_reencode_fraction" in one
     for key, ref in reference.items():
         assert torch.equal(ranks[0][key], ranks[1][key]), f"ranks differ on {key}"
         assert torch.equal(ranks[0][key], saved[key]), f"checkpoint differs from rank 0 on {key}"
@@ -603,7 +610,8 @@ def test_maac_two_processes_match_one(tiny_model_dir, tmp_path):
     def rows(run_dir: Path) -> list[dict[str, float]]:
         keep = ("reward/", "losses/", "agent_", "charts/critic", "charts/episode_return")
         metrics = read_metrics(run_dir / "metrics.jsonl")
-        return [{k: v for k, v in row.items() if k.startswith(keep)} for row in metrics if "reward/total" in row]
+        return [{k: v for k, v in row.items() if k.startswith(keep) and k != "charts/critic_reencode_fraction"}
+                for row in metrics if "reward/total" in row]
 
     rows_one, rows_dp = rows(one_run), rows(dp_run)
     assert len(rows_one) == len(rows_dp) == 2

@@ -27,7 +27,7 @@ from baselines.learners import cory, maac, magrpo, ppo
 # Wall-clock metrics differ between any two runs.
 TIMING = (
     "charts/s_per_iteration", "charts/rollout_fraction", "charts/samples_per_s", "charts/responses_per_s",
-    "charts/expert_s",
+    "charts/expert_s", "charts/critic_reencode_fraction",
 )
 
 

@@ -4,8 +4,9 @@ The team: a tiny Llama over SmolLM2's default tokenizer (49152 ids) and a tiny Q
 BPE tokenizer trained here (300 ids; its model directory loads it as Qwen2's tokenizer, one id more),
 both built from config in the test. The policy groups agents by base (agents/team.py); per-agent
 sampling reaches the engine; checkpoints record each agent's base and tokenizer; every learner trains
-such a team, CORY's two models swapping roles between the two tokenizers (the central critics need one
-tokenizer: a Llama and a Qwen2 over SmolLM2's).
+such a team, CORY's two models swapping roles between the two tokenizers, MAAC's critic reading the
+agent of the other tokenizer as text (PPO's and CORY's --critic central need one tokenizer: a Llama and a
+Qwen2 over SmolLM2's).
 """
 
 from __future__ import annotations
@@ -517,7 +518,10 @@ def test_cory_of_two_tokenizers_repeats_and_resumes_across_a_swap(model_dirs, tm
     assert_same_run(run_state(interrupted.run_dir()), expected)
 
 
-def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward):
+def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writing_reward, monkeypatch):
+    """Two bases of one tokenizer: CORY and MAAC train them; MAAC's critic reads every agent's ids
+    exactly as before teams of tokenizers (``critic_inputs`` of the turns' ids: the same inputs, the same
+    values, bit for bit)."""
     from baselines.learners import cory, maac, ppo
 
     result = cory.main(cory.Config(**learner_settings(
@@ -525,22 +529,192 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
         agent_settings=("model_1.temperature=0.7",), batch_size=2, minibatch_size=2, num_ppo_epochs=1,
         min_new_tokens=3, max_new_tokens=6)))
     assert_trained(result, tmp_path / "cory", ["model_0", "model_1"])
+    seen = spy_maac_critic(monkeypatch, pin=True)
     result = maac.main(maac.Config(**learner_settings(
         tmp_path, "maac", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen-smol']}",),
         max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
     assert_trained(result, tmp_path / "maac", ["brief", "detailed", "critic"])
-    # A central critic reads every agent's token ids: two tokenizers are refused before training (MAAC,
-    # and PPO's and CORY's --critic central).
-    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
-        maac.main(maac.Config(**learner_settings(
-            tmp_path, "maac-mixed", model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",),
-            max_source_words=20, num_problems=1, num_generations=2, max_new_tokens=8, num_epochs=1)))
+    assert "charts/critic_reencode_fraction" not in result  # nothing re-encoded
+    assert len(seen) == 2
+    for policy, turns, inputs, values, (old, old_values) in seen:  # each iteration: as the code before #52
+        assert len(policy.groups) == 2 and len(inputs) == len(turns) == 1
+        assert torch.equal(inputs[0][0], old[0]) and torch.equal(inputs[0][1], old[1])
+        assert torch.equal(values[:, 0], old_values)
+    # PPO's and CORY's --critic central value every response token: two tokenizers are refused before
+    # training.
     with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
         ppo.main(ppo.Config(**learner_settings(
             tmp_path, "ppo-central-mixed", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
             agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2)))
     with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
         cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central-mixed", critic="central"))
+
+
+def spy_maac_critic(monkeypatch, pin: bool = False) -> list:
+    """Record, per MAAC iteration, [policy, turns, the critic's inputs, its old values]; ``pin``: and the
+    inputs and values of the code before teams of tokenizers (``critic_inputs`` of the turns' ids with the
+    policy's one pad id, then the critic's values of them, at the same weights) for a team of one
+    tokenizer."""
+    from agents import MultiAgentPolicy
+    from baselines.learners import maac
+    from baselines.rl.critic import critic_inputs
+
+    seen: list = []
+    built: list = []
+    real_build, real_rollout, real_values = MultiAgentPolicy.from_pretrained, maac.rollout, maac.old_critic_values
+
+    def build(*args, **kwargs):
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    def rollout(*args, **kwargs):
+        seen.append([built[-1], real_rollout(*args, **kwargs)])
+        return seen[-1][1]
+
+    def values(policy, inputs, budget):
+        out = real_values(policy, inputs, budget)
+        seen[-1] += [inputs, out]
+        if pin:
+            turn = seen[-1][1][0]
+            responses = {a: (g.response_ids, g.response_mask) for a, g in turn.responses.items()}
+            old = critic_inputs(turn.prompts, responses, list(turn.prompts), policy.pad_token_id)
+            seen[-1].append((old, real_values(policy, [old], budget)[:, 0]))  # the same passes, as before
+        return out
+
+    monkeypatch.setattr(MultiAgentPolicy, "from_pretrained", build)
+    monkeypatch.setattr(maac, "rollout", rollout)
+    monkeypatch.setattr(maac, "old_critic_values", values)
+    return seen
+
+
+def maac_of_two_tokenizers(model_dirs, tmp_path, name: str, **overrides):
+    """MAAC with ``brief`` a Llama over SmolLM2's tokenizer and ``detailed`` a Qwen2 over the BPE one; the
+    critic on the Llama's base."""
+    from baselines.learners import maac
+
+    settings = dict(model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",), max_source_words=20,
+                    num_problems=2, num_generations=2, max_new_tokens=8, num_epochs=1, critic_learning_rate=1e-2)
+    return maac.Config(**learner_settings(tmp_path, name, **{**settings, **overrides}))
+
+
+def test_maac_of_two_tokenizers_from_the_command_line(model_dirs, tmp_path, varied_writing_reward, monkeypatch,
+                                                     capsys):
+    """``llm-envs train maac`` with a Llama and a Qwen2 of different tokenizers: the critic (on the
+    Llama's base) reads the Qwen2's prompt and response as their text in SmolLM2's tokens, the Llama's
+    as its ids; both actors and the critic train, metrics are finite; an interrupted and resumed run
+    ends as the uninterrupted one; the checkpoint evaluates from the command line."""
+    from test_interrupt import assert_same_run, patch_to_interrupt, run_state
+
+    from baselines.infra.checkpoints import find_checkpoint
+    from baselines.infra.cli import main as cli
+    from baselines.learners import maac
+
+    config = maac_of_two_tokenizers(model_dirs, tmp_path, "maac-mixed")
+    flags = ["train", "maac", "--model", config.model, "--agent-models", *config.agent_models, "--max-source-words",
+             "20", "--num-problems", "2", "--num-generations", "2", "--max-new-tokens", "8", "--num-epochs", "1",
+             "--critic-learning-rate", "1e-2", "--num-iterations", "2", "--learning-rate", "1e-2", "--lora-rank", "4",
+             "--lora-alpha", "8", "--num-eval-problems", "0", "--output-dir", str(tmp_path), "--run-name",
+             "maac-mixed", "--checkpoint-every", "1", "--no-tensorboard", "--no-progress"]
+    seen = spy_maac_critic(monkeypatch)
+    assert cli(flags) == 0
+    capsys.readouterr()
+    run_dir = tmp_path / "maac-mixed"
+    from baselines.infra.metrics import read_metrics
+
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "losses/value_loss" in r]
+    assert len(rows) == 2
+    for row in rows:
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+        assert 0 < row["charts/critic_reencode_fraction"] < 1
+    assert_trained({}, run_dir, ["brief", "detailed", "critic"])
+    smol, bpe = load_tokenizer(model_dirs["llama"]), load_tokenizer(model_dirs["qwen"])
+    policy, turns, inputs, _ = seen[0]
+    assert policy.tokenizer_of("critic") is policy.tokenizer_of("brief") is not policy.tokenizer_of("detailed")
+    ids, mask = inputs[0]
+    assert int(ids.max()) < len(smol)
+    for row in range(len(ids)):
+        kept = ids[row][mask[row].bool()].tolist()
+        gens = turns[0].responses
+        brief = gens["brief"].response_ids[row][gens["brief"].response_mask[row].bool()].tolist()
+        text = bpe.decode(gens["detailed"].response_ids[row][gens["detailed"].response_mask[row].bool()].tolist(),
+                          skip_special_tokens=True)
+        prompt_ids, prompt_mask = turns[0].prompts["detailed"]
+        prompt = bpe.decode(prompt_ids[row][prompt_mask[row].bool()].tolist(), skip_special_tokens=True)
+        # Brief's tokens as they are; detailed's prompt then response, each its text in SmolLM2's tokens.
+        detailed = smol(prompt, add_special_tokens=False).input_ids + smol(text, add_special_tokens=False).input_ids
+        assert kept[-len(detailed):] == detailed
+        assert contains(kept, brief)
+
+    # Ctrl-C between the actors' steps of iteration 2, then --resume: the run ends as the uninterrupted one.
+    interrupted = maac_of_two_tokenizers(model_dirs, tmp_path, "interrupted")
+    with monkeypatch.context() as patch:
+        patch_to_interrupt(patch, maac, "update_agent", "step", 2)
+        with pytest.raises(KeyboardInterrupt):
+            maac.main(interrupted)
+    assert json.loads((find_checkpoint(interrupted.run_dir()) / "trainer.json").read_text())["step"] == 1
+    maac.main(dataclasses.replace(interrupted, resume=True))
+    assert_same_run(run_state(interrupted.run_dir()), run_state(run_dir))
+    # Resuming with the critic on another base is refused, naming the critic.
+    with pytest.raises(ValueError, match="critic"):
+        maac.main(dataclasses.replace(interrupted, num_iterations=3, resume=True, critic_model=model_dirs["qwen"]))
+    # The checkpoint evaluates from the command line (the critic rebuilt on its base).
+    capsys.readouterr()
+    assert cli(["eval", "--checkpoint", str(run_dir), "--num-problems", "1"]) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["eval/total"])
+
+
+def test_critic_reader_encodes_foreign_agents_and_names_text_it_cannot_encode(toks):
+    """A critic whose tokenizer is neither agent's reads both as text; a tokenizer without byte fallback
+    (a BPE over the corpus' characters, with an unknown token) refuses a character it has never seen,
+    naming the agent, the characters and the fix."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from baselines.rl.critic import CriticReader, check_context
+
+    smol, bpe = toks
+    raw = Tokenizer(models.BPE(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=200, special_tokens=["<pad>", "<eos>", "<unk>"]))
+    closed = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tokenizers = {"brief": smol, "detailed": bpe, "critic": closed}
+    policy = SimpleNamespace(tokenizer_of=tokenizers.get, pad_token_id_of=lambda agent: tokenizers[agent].pad_token_id)
+    read = CriticReader(policy, ["brief", "detailed"])
+    assert sorted(read.foreign) == ["brief", "detailed"]
+
+    def encoded(texts: dict[str, list[str]]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        out = {}
+        for agent, rows in texts.items():
+            enc = tokenizers[agent](rows, padding=True, return_tensors="pt")
+            out[agent] = (enc.input_ids, enc.attention_mask)
+        return out
+
+    prompts = encoded({"brief": ["The council met", "Summarize the article"],
+                       "detailed": ["Write a short summary"] * 2})
+    responses = encoded({"brief": ["the budget", "The cast was great"], "detailed": ["several sentences", ""]})
+    ids, mask = read(prompts, responses)
+    words = [["The council met", "the budget", "Write a short summary", "several sentences"],
+             ["Summarize the article", "The cast was great", "Write a short summary", ""]]
+    for row, parts in enumerate(words):  # each piece's text in the critic's tokens, agents in env order
+        expected = [i for part in parts for i in closed(part, add_special_tokens=False).input_ids]
+        assert ids[row][mask[row].bool()].tolist() == expected
+    assert read.seconds > 0
+    responses = encoded({"brief": ["the budget", "café au lait"], "detailed": ["several sentences", ""]})
+    with pytest.raises(ValueError, match=r"cannot encode agent 'brief'.*\['é'\].*--critic-model"):
+        read(prompts, responses)
+    # A joint turn longer than the critic's model has positions (the probe takes one more) is refused.
+    config = SimpleNamespace(max_position_embeddings=len(ids[0]) + 1, _name_or_path="tiny")
+    critic = SimpleNamespace(group=lambda agent: SimpleNamespace(causal_lm=SimpleNamespace(config=config)))
+    check_context(critic, [(ids, mask)])
+    config.max_position_embeddings -= 1
+    with pytest.raises(ValueError, match=rf"up to {len(ids[0])} tokens .* \(tiny\) has {len(ids[0])} positions"):
+        check_context(critic, [(ids, mask)])
+
+
+def contains(row: list[int], part: list[int]) -> bool:
+    return any(row[i : i + len(part)] == part for i in range(len(row) - len(part) + 1))
 
 
 def test_agent_settings_errors_list_the_valid_names():

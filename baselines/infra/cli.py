@@ -247,11 +247,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if any(settings != lora for settings in own.values()):
         lora = own
     if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
-        from baselines.rl.critic import CRITIC
+        from baselines.rl.critic import CRITIC, with_critic
 
-        # The critic sits on the first model's base, at the run's LoRA settings.
-        if isinstance(bases, dict):
-            bases[CRITIC] = bases[models[0]]
+        # The critic sits on the first model's base (MAAC: or its --critic-model), at the run's LoRA settings.
+        bases = with_critic(bases, models, saved.get("critic_model"))
         if isinstance(lora, dict):
             lora[CRITIC] = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])
         models = [*models, CRITIC]  # the centralised critic's adapter is part of the checkpoint

@@ -5,9 +5,10 @@ Docs: docs/maac.md.
 1. Pick B problems; make G envs per problem; every agent samples one response per env from its own
    LoRA adapter (all agents' rows in one ``generate_joint`` call); the env scores the joint response.
 2. Multi-turn: repeat with the env's next prompts; returns R_t = r_t + gamma R_{t+1}.
-3. The critic, a value head with its own LoRA adapter on the same frozen base, reads the concatenation
-   of every agent's prompt and response of a turn (token ids, agents in env order) and estimates the
-   joint return V_t: the critic sees everything, each actor only its own prompt.
+3. The critic, a value head with its own LoRA adapter on the first agent's base (or ``--critic-model``),
+   reads the concatenation of every agent's prompt and response of a turn (token ids, agents in env
+   order; an agent of another tokenizer than the critic's as its text in the critic's tokens) and
+   estimates the joint return V_t: the critic sees everything, each actor only its own prompt.
 4. Every actor's advantage is A_t = R_t - V_t (optionally whitened over the batch); each actor
    minimises the PPO-clipped surrogate over its own response tokens for ``num_epochs`` epochs; the
    critic minimises (V_t - R_t)^2 (clipped around its old estimate, as PPO's value loss).
@@ -40,16 +41,19 @@ import torch
 from baselines.infra import distributed
 from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.infra.metrics import reward_metrics
-from baselines.infra.play import check_shared_tokenizer, probe_env, rollout, team_env_kwargs
+from baselines.infra.play import probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
 from baselines.rl.critic import (
     CRITIC,
+    CriticReader,
     central_context,
     central_forward,
+    check_context,
     critic_inputs,
     critic_values,
     row_chunks,
     value_loss,
+    with_critic,
 )
 from baselines.rl.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
 
@@ -73,6 +77,10 @@ class Config(LearnerConfig):
     """G: episodes per problem."""
     critic_learning_rate: float = 5e-5
     """AdamW learning rate of the critic's adapter and value head."""
+    critic_model: str | None = None
+    """Base model of the critic's adapter and value head (HF id or local directory); unset: the first
+    agent's base. The critic reads every agent's prompt and response: an agent whose tokenizer is not
+    the critic's is read as its text, encoded by the critic's tokenizer (docs/maac.md "Teams")."""
     num_epochs: int = 2
     """Actor and critic epochs on each batch (epochs after the first use the clipped ratio)."""
     clip_value: float = 0.2
@@ -256,11 +264,9 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
         raise ValueError(f"env {config.env!r} has an agent named {CRITIC!r}, the name of MAAC's critic adapter")
     config.check_agents(agents)
     device = distributed.device_for("data-parallel", agents, run.info, config.device)[agents[0]]
-    # A team (--agent-models): the critic sits on the first agent's base and reads every agent's token
-    # ids, so the agents must share a tokenizer (checked below, before the first iteration).
-    models = config.model_of(agents)
-    if isinstance(models, dict):
-        models[CRITIC] = models[agents[0]]
+    # The critic sits on the first agent's base (or --critic-model) and reads every agent's prompt and
+    # response in its own tokens: an agent of another tokenizer as its text, re-encoded (CriticReader).
+    models = with_critic(config.model_of(agents), agents, config.critic_model)
     lora = config.lora_of(agents)
     if isinstance(lora, dict):
         lora[CRITIC] = LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha)
@@ -271,7 +277,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    check_shared_tokenizer(policy, [*agents, CRITIC], "has a central critic reading every agent's token ids")
+    read = CriticReader(policy, agents)
     env_kwargs = team_env_kwargs(env_kwargs, policy, agents)
     venv = VectorEnv(config.env, len(positions) * g, max_new_tokens=config.max_new_tokens, **env_kwargs)
     if reward_wrapper is not None:  # MARLHF: the training envs' rewards are a learned model's (eval: the task's)
@@ -308,15 +314,13 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
                                       for turn in turns], 1)  # (N, turns)
                     team_kl += kl
                     metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
-            inputs = [
-                critic_inputs(
-                    turn.prompts,
-                    {a: (turn.responses[a].response_ids, turn.responses[a].response_mask) for a in agents},
-                    agents,
-                    policy.pad_token_id,
-                )
+            recoded = read.seconds
+            inputs = [  # once per batch: the old values and every epoch of the critic read them
+                read(turn.prompts, {a: (g.response_ids, g.response_mask) for a, g in turn.responses.items()})
                 for turn in turns
             ]
+            recoded = read.seconds - recoded
+            check_context(policy, inputs)
             old_values = old_critic_values(policy, inputs, config.micro_batch_tokens)  # (N, turns)
             returns, advantages = returns_and_advantages(
                 rewards, old_values, config, team_kl, across_ranks=run.info.distributed
@@ -344,6 +348,8 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
                 "charts/s_per_iteration": elapsed,
                 "charts/rollout_fraction": t_rollout / elapsed,
             })
+            if read.foreign:  # the critic reads some agents as text, re-encoded in its tokens
+                metrics["charts/critic_reencode_fraction"] = recoded / elapsed
             run.write_samples(step, venv.envs, seeds, options)
             run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}")
         run.evaluate_after()

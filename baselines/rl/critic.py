@@ -4,6 +4,9 @@ reading every agent's prompt and response. MAAC's critic (baselines/learners/maa
 
 =====================  =====================================================================
 ``critic_inputs``      MAAC's view of a joint turn: every agent's prompt then response, in env order
+``CriticReader``       the same view in the critic's own tokens, for a team of several tokenizers
+``with_critic``        the policy's models with the critic's base (the first agent's, or its own)
+``check_context``      refuse a joint turn longer than the critic's model has positions
 ``critic_values``      (N,) the critic's estimate after reading such a view
 ``central_context``    PPO/CORY: the other roles' prompts and responses, then the scored role's prompt
 ``central_forward``    an actor's log-probs with the central critic's values of the same tokens
@@ -14,6 +17,7 @@ reading every agent's prompt and response. MAAC's critic (baselines/learners/maa
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,6 +59,150 @@ def critic_inputs(
         ids[i, width - len(r):] = r
         mask[i, width - len(r):] = 1
     return ids, mask
+
+
+class CriticReader:
+    """The critic's view of a joint turn (:func:`critic_inputs`) in the critic's own tokens, for a team
+    whose agents speak several tokenizers (docs/maac.md "Teams").
+
+    An agent whose tokenizer is the critic's (the same fingerprint: the same text gives the same ids)
+    is read as its own ids, unchanged: with one tokenizer the critic's inputs are exactly
+    :func:`critic_inputs`'. Any other agent is read as text: its prompt and its response, each row's
+    tokens (masked in) decoded by the agent's tokenizer with its special tokens dropped (the control
+    tokens of its chat template, BOS, EOS: their strings mean nothing in another vocabulary), then each
+    encoded by the critic's tokenizer without special tokens. The prompt and the response are encoded
+    apart, as the agent's own ids are (the response was sampled after the prompt's last token), and
+    a prompt the batch's rows repeat (G samples of a problem) is encoded once.
+
+    ``seconds``: the time spent re-encoding so far (decode and encode of the foreign agents only).
+
+    Args:
+        policy: what gives each agent's and the critic's tokenizer and pad id (``tokenizer_of``,
+            ``pad_token_id_of``).
+        agents: the env's agents, in env order (the order the critic reads them in).
+        critic: the critic's adapter name in ``policy``.
+    """
+
+    def __init__(self, policy: Any, agents: Sequence[str], critic: str = CRITIC) -> None:
+        from agents.team import tokenizer_fingerprint
+
+        self.agents = list(agents)
+        self.tokenizer = policy.tokenizer_of(critic)
+        self.pad_id = int(policy.pad_token_id_of(critic))
+        prints: dict[int, str] = {}  # id(tokenizer) -> fingerprint: a fingerprint hashes a whole vocabulary
+
+        def fingerprint(tok: Any) -> str:
+            if id(tok) not in prints:
+                prints[id(tok)] = tokenizer_fingerprint(tok)
+            return prints[id(tok)]
+
+        own = fingerprint(self.tokenizer)
+        self.foreign: dict[str, Any] = {
+            a: policy.tokenizer_of(a) for a in self.agents if fingerprint(policy.tokenizer_of(a)) != own
+        }
+        """Agent -> its tokenizer, for the agents the critic reads as text (empty: one tokenizer)."""
+        self.seconds = 0.0
+
+    def __call__(
+        self,
+        turn_prompts: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+        turn_responses: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, L) ids, mask of the critic's view of one turn (``critic_inputs``' arguments)."""
+        prompts, responses = dict(turn_prompts), dict(turn_responses)
+        if self.foreign:
+            start = time.perf_counter()
+            for agent in self.foreign:
+                prompts[agent] = self.encode(agent, *prompts[agent])
+                responses[agent] = self.encode(agent, *responses[agent])
+            self.seconds += time.perf_counter() - start
+        return critic_inputs(prompts, responses, self.agents, self.pad_id)
+
+    def text(self, agent: str, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """Each row's text as ``agent`` wrote or read it: its tokens decoded by its own tokenizer,
+        special tokens dropped."""
+        mask = mask.cpu().bool()
+        rows = [row[keep].tolist() for row, keep in zip(ids.cpu(), mask)]
+        return self.foreign[agent].batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def encode(self, agent: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``agent``'s (N, T) ids, mask as the critic's: the rows' text (:meth:`text`) encoded by the
+        critic's tokenizer -> (N, T') ids, mask, left-padded. Raises ``ValueError`` naming the agent
+        when the critic's tokenizer reads some of the text as its unknown token."""
+        texts = self.text(agent, ids, mask)
+        distinct = list(dict.fromkeys(texts))
+        encoded = dict(zip(distinct, self.tokenizer(distinct, add_special_tokens=False)["input_ids"]))
+        self.check_known(agent, distinct, encoded)
+        rows = [encoded[t] for t in texts]
+        width = max((len(r) for r in rows), default=0)
+        out = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        keep = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            if row:
+                out[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+                keep[i, width - len(row):] = 1
+        return out, keep
+
+    def check_known(self, agent: str, texts: Sequence[str], encoded: Mapping[str, list[int]]) -> None:
+        """Refuse text the critic's tokenizer cannot encode: a tokenizer without byte fallback (a
+        WordPiece, a BPE over a fixed alphabet) maps characters outside its vocabulary to its unknown
+        token, and the critic would read every such character as the same token."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None:
+            return
+        for text in texts:
+            if unk in encoded[text] and self.tokenizer.unk_token not in text:
+                chars: Any = "some characters"
+                if getattr(self.tokenizer, "is_fast", False):  # only fast tokenizers map tokens to characters
+                    pieces = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+                    chars = sorted({text[s:e] for i, (s, e) in zip(pieces["input_ids"], pieces["offset_mapping"])
+                                    if i == unk})
+                name = getattr(self.tokenizer, "name_or_path", "") or type(self.tokenizer).__name__
+                raise ValueError(
+                    f"the critic's tokenizer ({name}) cannot encode agent {agent!r}'s text: it reads "
+                    f"{chars} as its unknown token {self.tokenizer.unk_token!r} (text {text[:80]!r}), so the "
+                    f"critic would not see what {agent!r} wrote; give the critic a model whose tokenizer "
+                    f"encodes any text (a byte-level BPE, or {agent!r}'s own base: --critic-model MODEL)"
+                )
+
+
+def check_context(policy: Any, inputs: Sequence[tuple[torch.Tensor, torch.Tensor]], adapter: str = CRITIC) -> None:
+    """Refuse critic inputs longer than the critic's model has positions (its ``max_position_embeddings``,
+    one taken by :func:`critic_values`' probe): a model of learned positions (GPT-2) fails with an
+    index error there, a rotary one reads positions it was never trained on. A team of tokenizers makes
+    it likelier: text re-encoded by a tokenizer of few merges takes more tokens."""
+    config = getattr(policy.group(adapter).causal_lm, "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    width = max((int(ids.shape[1]) for ids, _ in inputs), default=0) + 1
+    if isinstance(limit, int) and width > limit:
+        name = getattr(config, "_name_or_path", "") or getattr(config, "model_type", "?")
+        raise ValueError(
+            f"the critic reads joint turns of up to {width - 1} tokens (every agent's prompt and response, in "
+            f"its own tokens) plus one probe, but its model ({name}) has {limit} positions; shorten the "
+            f"prompts (--max-source-words) or responses (--max-new-tokens), or give the critic a model of "
+            f"a longer context (--critic-model)"
+        )
+
+
+def with_critic(
+    models: str | Mapping[str, str | None] | None, agents: Sequence[str], critic_model: str | None = None
+) -> str | dict[str, str | None] | None:
+    """The models of a policy with a central critic: ``models`` (one model for every agent, or agent ->
+    model in a team) plus the critic's, ``critic_model`` or by default the first agent's base. One
+    model stays one when the critic shares it.
+
+    >>> with_critic("m", ["a", "b"]), with_critic({"a": "m", "b": "n"}, ["a", "b"])
+    ('m', {'a': 'm', 'b': 'n', 'critic': 'm'})
+    >>> with_critic(None, ["a", "b"], "c")
+    {'a': None, 'b': None, 'critic': 'c'}
+    """
+    first = models[agents[0]] if isinstance(models, Mapping) else models
+    critic = first if critic_model is None else critic_model
+    if not isinstance(models, Mapping) and critic == models:
+        return models
+    out = dict(models) if isinstance(models, Mapping) else dict.fromkeys(agents, models)
+    out[CRITIC] = critic
+    return out
 
 
 def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor, adapter: str = CRITIC) -> torch.Tensor:
