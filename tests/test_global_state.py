@@ -145,3 +145,16 @@ def test_joint_context_is_plain_text_parts():
     assert [p for p in parts if isinstance(p, Response)] == [Response((5,), "x"), Response((6,), "y")]
     assert context_text(parts) == ("Problem:\nQ?\n\nTurns finished: 1 of 3.\n\nResponse of a (turn 2, being written):"
                                    "\nx\n\nResponse of b (turn 1):\ny")
+
+
+def test_a_vector_env_stacks_the_states():
+    venv = llm_envs.make_vec("writing/xsum-v0", 2, max_new_tokens=8)
+    flat = llm_envs.make_vec("writing/xsum-v0", 2, max_new_tokens=8, obs_format="flat")
+    venv.reset(seed=[0, 1])
+    flat.reset(seed=[0, 1])
+    S = venv.envs[0].state_length
+    states = venv.state()
+    assert venv.state_space is venv.envs[0].state_space and states["observation"].shape == (2, S)
+    np.testing.assert_array_equal(states["attention_mask"][1], venv.envs[1].state()["attention_mask"])
+    assert flat.state().shape == (2, 2 * S)
+    np.testing.assert_array_equal(flat.state()[:, :S], states["observation"])

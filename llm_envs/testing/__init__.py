@@ -29,7 +29,8 @@ reward_bounds            finite float rewards within the task's ``[min_reward, m
 token_mode               ``step_unit="token"`` ends every turn exactly as whole responses do (states included)
 render                   ``"ansi"`` returns the transcript (every prompt and response), ``"human"`` prints it
 copy                     ``deepcopy`` and ``pickle`` mid-episode continue identically; a pickle is small
-vector                   each row of ``make_vec`` is what a single env with its seed and actions gives
+vector                   each row of ``make_vec`` (and of its ``state()``) is what a single env with its seed and
+                         actions gives
 truncation               ``max_cycles < num_turns`` truncates after ``max_cycles`` turns
 =======================  ==========================================================================
 

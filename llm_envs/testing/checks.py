@@ -1010,7 +1010,8 @@ def _row(batch: Any, i: int) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-@_check("vector", "a vector env of it (make_vec) steps each row exactly as a single env with the same seed and actions",
+@_check("vector", "a vector env of it (make_vec) steps each row exactly as a single env with the same seed and actions "
+        "(observations, infos, rewards, states)",
         "Each row of a batch must be what a single env with the same seed and actions gives. A task's prepare_rewards "
         "(called with the whole batch's turns) must store per (problem, outputs) what reward() then returns.")
 @_each_protocol
@@ -1024,6 +1025,7 @@ def check_vector(subject: Subject, protocol: str) -> None:
     rng = np.random.default_rng(SEED)
     step = 0
     while True:
+        states = venv.state()
         for i, env in enumerate(singles):
             for agent in obs:
                 for part, batch, one in (("observation", obs, single[i][0]), ("infos", infos, single[i][1])):
@@ -1032,6 +1034,10 @@ def check_vector(subject: Subject, protocol: str) -> None:
                         raise EnvCheckError("vector", f"row {i} of the batch (seed {seeds[i]}) differs from a "
                                             "single "
                                             f"env at step {step}: {found}", agent=agent, problem=problem_label(env))
+            found = first_difference(_row(states, i), env.state(), "state")
+            if found:
+                raise EnvCheckError("vector", f"row {i} of the batch's state() (seed {seeds[i]}) differs from a "
+                                    f"single env's at step {step}: {found}", problem=problem_label(env))
         if not venv.agents:
             break
         rows = [random_actions(env, rng, venv.agents) for env in singles]
