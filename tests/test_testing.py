@@ -183,11 +183,7 @@ class NewStateSpace(ParallelLLMEnv):
     def state_space(self):
         import copy
 
-        return copy.deepcopy(self._space)
-
-    @state_space.setter
-    def state_space(self, space):
-        self._space = space
+        return copy.deepcopy(super().state_space)
 
 
 class StateBeforeReset(ParallelLLMEnv):

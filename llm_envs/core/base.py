@@ -310,6 +310,7 @@ class LLMEnvCore(AgentTokenizers, Transcript, GlobalState):
         state["_obs_cache"] = {}
         state["_episode_cache"] = {}
         state["_state_pieces"] = {}
+        state["_state_space"] = None
         return state
 
     # ---------------------------------------------------------------------------- episode start

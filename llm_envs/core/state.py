@@ -169,21 +169,26 @@ class GlobalState:
     _finished: dict[str, Response]
     _response_ids: dict[str, list[int]]
 
-    state_space: spaces.Space
-    """The space of :meth:`state`, one object for the env's life."""
-
     def _init_state(self) -> None:
         self.state_length = state_length(self.max_prompt_tokens, self.max_new_tokens, len(self.possible_agents))
-        S, V = self.state_length, self._agent_tokens[self.possible_agents[0]].vocab_size
-        if self.obs_format == "flat":
-            high = np.concatenate([np.full(S, V - 1, np.int64), np.ones(S, np.int64)])
-            self.state_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
-        else:
-            self.state_space = spaces.Dict({
-                "observation": spaces.Box(0, V - 1, (S,), np.int64),
-                "attention_mask": spaces.Box(0, 1, (S,), np.int8),
-            })
+        self._state_space: spaces.Space | None = None
         self._reset_state()
+
+    @property
+    def state_space(self) -> spaces.Space:
+        """The space of :meth:`state`: the same object on every access (built on the first; a pickled or copied
+        env builds its own, so that its S-long bounds do not travel with it)."""
+        if self._state_space is None:
+            S, V = self.state_length, self._agent_tokens[self.possible_agents[0]].vocab_size
+            if self.obs_format == "flat":
+                high = np.concatenate([np.full(S, V - 1, np.int64), np.ones(S, np.int64)])
+                self._state_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
+            else:
+                self._state_space = spaces.Dict({
+                    "observation": spaces.Box(0, V - 1, (S,), np.int64),
+                    "attention_mask": spaces.Box(0, 1, (S,), np.int8),
+                })
+        return self._state_space
 
     def _reset_state(self) -> None:
         """A new episode: its problem's prompt and the encoded pieces are found again when first asked."""
