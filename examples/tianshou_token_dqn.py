@@ -8,8 +8,8 @@ route: one ``Discrete(V)`` action a step, and the ``action_mask`` becomes the wr
 and its random policy honour (its multi-agent policy needs that mask: response mode's ``Box`` actions are not
 for it). The wrapper keeps only ``observation`` (the ids) and drops ``attention_mask``; the observations are
 left-padded, so the Q-network gets the mask back as "everything from the first non-pad token on". Its
-trainer collects under ``torch.no_grad()``; a loop of your own that calls ``Collector.collect`` with a network
-policy should too.
+collector runs the policy with autograd on and detaches what it keeps: a ``Collector.collect`` of your own
+saves that work under ``torch.no_grad()``, as the warm-up below does.
 
     pip install -e ".[clients]"          # skrl 2.1.1 and tianshou 2.0.1, with the torch you have
     python examples/tianshou_token_dqn.py --env-id sentiment/imdb-cory-v0 --epochs 2
@@ -137,7 +137,8 @@ def train(config: Config, marl: MultiAgentOffPolicyAlgorithm, networks: dict[str
           collector: Collector) -> dict[str, Any]:
     """Train what :func:`build` built; see :func:`main`."""
     collector.reset()
-    collector.collect(n_step=config.batch_size)  # fill the buffer for the first batch
+    with torch.no_grad():
+        collector.collect(n_step=config.batch_size)  # fill the buffer for the first batch
     result = marl.run_training(OffPolicyTrainerParams(
         training_collector=collector,
         max_epochs=config.epochs,
