@@ -171,6 +171,34 @@ class ShoutedRender(ParallelLLMEnv):
         return text.upper() if isinstance(text, str) else text
 
 
+class NoResponses(ParallelLLMEnv):
+    """A state that never shows a response."""
+
+    def _latest_response(self, role):
+        return None
+
+
+class NewStateSpace(ParallelLLMEnv):
+    @property
+    def state_space(self):
+        import copy
+
+        return copy.deepcopy(super().state_space)
+
+
+class StateBeforeReset(ParallelLLMEnv):
+    def state(self):
+        if not self._started:
+            return {"observation": np.zeros(self.state_length, np.int64),
+                    "attention_mask": np.zeros(self.state_length, np.int8)}
+        return super().state()
+
+
+class IdsOnlyState(ParallelLLMEnv):
+    def state(self):
+        return {"observation": super().state()["observation"]}
+
+
 def env(cls, **kwargs):
     return cls(echo_task(), env_id="mine/echo-v0", **kwargs)
 
@@ -228,6 +256,18 @@ BROKEN = {
                                   r"became the response .*, its ids the response"),
     "render is not the transcript": (lambda: check_env(env(ShoutedRender), checks=["render"]),
                                      r"render failed .*render\(\) in 'ansi' mode is not env.transcript\(\)"),
+    "a state without the responses": (
+        lambda: check_env(env(NoResponses), checks=["state"]),
+        r"state failed \(problem train\[\d\].*turn 1\): after turn 1 the state does not hold the response of "
+        r"'writer'"),
+    "state_space rebuilt on every access": (lambda: check_env(env(NewStateSpace), checks=["state"]),
+                                            r"state failed: state_space is a new object on each access"),
+    "a state before reset": (lambda: check_env(env(StateBeforeReset), checks=["state"]),
+                             r"state failed: state\(\) before reset\(\) returned a state; it must raise a "
+                             r"RuntimeError"),
+    "a state without its mask": (lambda: check_env(env(IdsOnlyState), checks=["state"]),
+                                 r"state failed .*state\(\) is not in state_space: state has keys \['observation'\], "
+                                 r"the space \['attention_mask', 'observation'\]"),
     "a prompt that raises": (
         lambda: check_task(llm_envs.TemplateTask(("writer",), PROBLEMS, {"writer": "About {subject}."}, mentions_topic),
                            checks=["pettingzoo_parallel"]),

@@ -2,9 +2,10 @@
 into responses, resolving a turn into rewards and feedback, infos, the transcript and rendering.
 
 The protocol classes (:mod:`llm_envs.core.parallel`, :mod:`llm_envs.core.sequential`) only decide
-who acts when and who sees what. Two parts of the env live in files of their own and are
-mixed into :class:`LLMEnvCore`: the agents' tokenizers (:mod:`llm_envs.core.agent_tokens`) and the
-transcript (:mod:`llm_envs.core.transcript`).
+who acts when and who sees what. Three parts of the env live in files of their own and are
+mixed into :class:`LLMEnvCore`: the agents' tokenizers (:mod:`llm_envs.core.agent_tokens`), the
+transcript (:mod:`llm_envs.core.transcript`) and the global state, ``state()`` and ``state_space``
+(:mod:`llm_envs.core.state`).
 
 Step units and observation formats
 ----------------------------------
@@ -63,6 +64,7 @@ from gymnasium import spaces
 
 from llm_envs.core.agent_tokens import AgentTokenizers, _short
 from llm_envs.core.agent_tokens import MixedTokenizersError as MixedTokenizersError
+from llm_envs.core.state import GlobalState
 from llm_envs.core.task import (
     SPLITS,
     Context,
@@ -116,7 +118,7 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-class LLMEnvCore(AgentTokenizers, Transcript):
+class LLMEnvCore(AgentTokenizers, Transcript, GlobalState):
     """Mixin with the state and mechanics common to the parallel and sequential envs.
 
     Args:
@@ -261,6 +263,7 @@ class LLMEnvCore(AgentTokenizers, Transcript):
         self._finished: dict[str, Response] = {}
         self._np_random: np.random.Generator | None = None
         self._np_random_seed: int | None = None
+        self._init_state()
 
     def _build_spaces(self, V: int) -> tuple[spaces.Space, spaces.Space]:
         """(observation space, action space) of an agent whose vocabulary has V tokens."""
@@ -306,6 +309,8 @@ class LLMEnvCore(AgentTokenizers, Transcript):
         state = self.__dict__.copy()
         state["_obs_cache"] = {}
         state["_episode_cache"] = {}
+        state["_state_pieces"] = {}
+        state["_state_space"] = None
         return state
 
     # ---------------------------------------------------------------------------- episode start
@@ -344,6 +349,7 @@ class LLMEnvCore(AgentTokenizers, Transcript):
         self._prompt_history = {a: [] for a in self.possible_agents}
         self._transcript = []
         self._episode_cache = {}
+        self._reset_state()
         self._clear_responses()
         self._started = True
 

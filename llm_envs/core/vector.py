@@ -155,6 +155,19 @@ class _Batch:
         """Each env's current prompt text for ``agent``."""
         return [env.text(agent) for env in self.envs]
 
+    @property
+    def state_space(self) -> Any:
+        """The space of one env's global state (:meth:`state` stacks N of them on a leading axis)."""
+        return self.envs[0].state_space
+
+    def state(self) -> Any:
+        """Each env's global state (:mod:`llm_envs.core.state`), stacked: ``{"observation": (N, S),
+        "attention_mask": (N, S)}``, or ``(N, 2S)`` with ``obs_format="flat"``. A finished env keeps its last."""
+        states = [env.state() for env in self.envs]
+        if self.envs[0].obs_format == "flat":
+            return np.stack(states)
+        return {key: np.stack([state[key] for state in states]) for key in states[0]}
+
     def close(self) -> None:
         for env in self.envs:
             env.close()

@@ -17,6 +17,8 @@ pettingzoo_render        PettingZoo's ``render_test``
 pettingzoo_max_cycles    PettingZoo's ``max_cycles_test`` (parallel tasks of 6+ turns)
 spaces                   observations in their spaces, int64 ids / int8 mask, left padding with the pad id,
                          ``env.text(agent)`` their decoding: sampled problems of both splits, a whole episode
+state                    ``state()`` / ``state_space`` (the global state): layout and padding, the problem and each
+                         turn's responses, deterministic, ``dict`` and ``flat`` agree, PettingZoo's ``state_test``
 infos                    numbers only, the same keys and types at reset and after every step
 determinism              same seed and actions: same observations, rewards, infos, transcript (whole episode)
 options                  ``task_index`` pins the problem whatever the seed; ``split``; a bad index raises
@@ -24,10 +26,11 @@ text_vs_ids              a ``str`` action and its token ids (junk after EOS) giv
 bad_actions              empty and junk responses get a finite reward; out-of-range / overlong / float / 2-D /
                          ``None`` actions and wrong agent keys raise naming the agent and change nothing
 reward_bounds            finite float rewards within the task's ``[min_reward, max_reward]`` where declared
-token_mode               ``step_unit="token"`` ends every turn exactly as whole responses do
+token_mode               ``step_unit="token"`` ends every turn exactly as whole responses do (states included)
 render                   ``"ansi"`` returns the transcript (every prompt and response), ``"human"`` prints it
 copy                     ``deepcopy`` and ``pickle`` mid-episode continue identically; a pickle is small
-vector                   each row of ``make_vec`` is what a single env with its seed and actions gives
+vector                   each row of ``make_vec`` (and of its ``state()``) is what a single env with its seed and
+                         actions gives
 truncation               ``max_cycles < num_turns`` truncates after ``max_cycles`` turns
 =======================  ==========================================================================
 

@@ -67,6 +67,9 @@ QUIET_WARNINGS = (
     "Observation is not a NumPy array",
     "We recommend agents to be named in the format",
     "Agents have different observation space sizes",
+    # Its state_test on the Dict state (docs/env-contract.md, "Global state").
+    "State space for each environment probably should be",
+    "State is not NumPy array",
     # Its checks reset with options of their own; the env warns that it ignores them.
     "Ignoring unknown reset options",
 )
@@ -404,6 +407,141 @@ def check_spaces(subject: Subject, protocol: str) -> None:
     play(env, SEED, np.random.default_rng(SEED), on_moment=check)
 
 
+def _state_fail(env: Any, detail: str, hint: str | None = None) -> EnvCheckError:
+    return EnvCheckError("state", detail, problem=problem_label(env), turn=len(env.history) if env._started else None,
+                         hint=hint)
+
+
+def _state_parts(env: Any, state: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of a state, checked against the state's space and layout."""
+    space = env.state_space
+    if not space.contains(state):
+        raise _state_fail(env, f"state() is not in state_space: {why_not_in(space, state, 'state')}")
+    parts = env.split_flat_state(state) if env.obs_format == "flat" else state
+    ids, mask = parts["observation"], parts["attention_mask"]
+    if ids.dtype != np.int64 or mask.dtype != (np.int64 if env.obs_format == "flat" else np.int8):
+        raise _state_fail(env, f"the state's ids must be int64 and its mask int8, got {ids.dtype} and {mask.dtype}")
+    S = env.state_length
+    if ids.shape != (S,) or mask.shape != (S,):
+        raise _state_fail(env, f"the state's ids and mask must have shape ({S},), got {ids.shape} and {mask.shape}")
+    n = int(mask.sum())
+    if n == 0 or not mask[S - n :].all():
+        raise _state_fail(env, f"the state's mask must be zeros then at least one 1 (left padding), got "
+                          f"{short(mask.tolist())}")
+    pad = env.pad_token_id_of(env.possible_agents[0])
+    if (ids[: S - n] != pad).any():
+        raise _state_fail(env, f"the state's padded positions must hold the state tokenizer's pad id {pad}, got "
+                          f"{sorted(set(ids[: S - n].tolist()))[:5]}")
+    text = env.state_tokenizer.decode(ids[S - n :].tolist(), skip_special_tokens=False)
+    if env.state_text() != text:
+        raise _state_fail(env, f"env.state_text() is not the state's ids decoded: {short(env.state_text())} vs "
+                          f"{short(text)}")
+    return ids[S - n :], mask
+
+
+def _contains(seq: np.ndarray, sub: Sequence[int]) -> bool:
+    if len(sub) > len(seq):
+        return False
+    if not len(sub):
+        return True
+    windows = np.lib.stride_tricks.sliding_window_view(seq, len(sub))
+    return bool((windows == np.asarray(sub, dtype=seq.dtype)).all(axis=1).any())
+
+
+def _check_state_content(env: Any, ids: np.ndarray, seen_turns: int | None) -> None:
+    """At reset (``seen_turns`` None) the problem's prompt, after each turn every role's response of it, as the state
+    tokenizer reads them; unless the state is full (then it may have been cut from the left)."""
+    if len(ids) == env.state_length:
+        return
+    first = env.possible_agents[0]
+    if seen_turns is None and not _contains(ids, env._encode_text(env._problem_statement(), first)):
+        raise _state_fail(env, "the state does not hold the problem's prompt (encoded with the state tokenizer)")
+    if env.history and len(env.history) != seen_turns:
+        for role, response in env.history[-1].outputs.items():
+            if not _contains(ids, list(env._response_ids_for(response, first))):
+                raise _state_fail(env, f"after turn {len(env.history)} the state does not hold the response of "
+                                  f"{role!r} {short(response.text)}")
+
+
+def _states_of_episode(env: Any) -> list[Any]:
+    """Play a seeded episode, checking the state at every moment; the states."""
+    states: list[Any] = []
+    turns: list[int | None] = [None]
+
+    def check(env: Any, moment: dict[str, Any]) -> None:
+        state = env.state()
+        ids, _ = _state_parts(env, state)
+        _check_state_content(env, ids, turns[0])
+        turns[0] = len(env.history)
+        states.append(state)
+
+    play(env, SEED, np.random.default_rng(SEED), on_moment=check)
+    return states
+
+
+@_check("state", "state() and state_space: int64 ids and an int8 mask, left-padded with the state tokenizer's pad id, "
+        "in one space object; the problem's prompt and each turn's responses; deterministic; the same in 'dict' and "
+        "'flat' format; PettingZoo's state_test; a clear error before reset",
+        "state() is the joint context of llm_envs.core.state: build it from the env's problem and latest responses "
+        "(an env subclass that overrides step or _observation must keep _history, _visible and _response_ids), "
+        "return new arrays of the state_space built once in __init__, and raise RuntimeError before reset(). States "
+        "that differ between two equal episodes: see the determinism check's hint.")
+def check_state(subject: Subject) -> list[str] | None:
+    notes: list[str] = []
+    for protocol in subject.protocols:
+        notes += _check_state(subject, protocol)
+    return (notes + (_other_protocol_note(subject) or [])) or None
+
+
+def _check_state(subject: Subject, protocol: str) -> list[str]:
+    from pettingzoo.test.state_test import test_parallel_env, test_state, test_state_space
+
+    turns = subject.turns(2)
+    env = subject.env(protocol, **turns)
+    if env.state_space is not env.state_space:
+        raise _state_fail(env, "state_space is a new object on each access",
+                          "build it once (in __init__) and keep it in an attribute.")
+    try:
+        env.state()
+    except RuntimeError as err:
+        if "reset()" not in str(err):
+            raise _state_fail(env, f"state() before reset() raised a RuntimeError that does not say to call reset(): "
+                              f"{err}") from err
+    else:
+        raise _state_fail(env, "state() before reset() returned a state; it must raise a RuntimeError saying to call "
+                          "reset()")
+    # A second episode with the same seed and actions in the other format: the same states (determinism), one
+    # as the other's ids then mask (the formats agree). An env object that cannot be rebuilt plays its own format.
+    states = _states_of_episode(env)
+    notes = []
+    other_format = "dict" if env.obs_format == "flat" else "flat"
+    try:
+        other = _states_of_episode(subject.env(protocol, obs_format=other_format, **turns))
+    except CheckSkipped as why:
+        notes.append(f"the state in obs_format={other_format!r} ({protocol}): {why}")
+        how = f"{protocol}, obs_format {env.obs_format!r}"
+        found = first_difference(states, _states_of_episode(subject.env(protocol, **turns)), "states")
+    else:
+        how = f"{protocol}, obs_format 'dict' and 'flat': the flat state must be the Dict's ids then mask"
+        flat, dicts = (other, states) if other_format == "flat" else (states, other)
+        joined = [np.concatenate([d["observation"], d["attention_mask"]], dtype=np.int64) for d in dicts]
+        found = first_difference(flat, joined, "states")
+    if found:
+        raise _state_fail(env, f"two episodes with seed {SEED} and the same actions gave different states ({how}): "
+                          f"{found}")
+    try:
+        overrides = {"step_unit": "response", **subject.turns(OFFICIAL_TURNS)}
+        aec = seeded_spaces(_aec_factory(subject, protocol, overrides)())
+        _official("state", f"state_test ({protocol})",
+                  lambda: (test_state_space(aec), test_state(aec, OFFICIAL_CYCLES)))
+        if protocol == "parallel":
+            _official("state", "state_test (parallel env)",
+                      lambda: test_parallel_env(seeded_spaces(subject.env("parallel", **overrides))))
+    except CheckSkipped as why:
+        notes.append(f"PettingZoo's state_test ({protocol}): {why}")
+    return notes
+
+
 @_check("infos", "infos: numbers only, the same keys and types at reset and after every step",
         "infos hold numbers only (int or float, no strings, bools or arrays) with the same keys and types at reset "
         "and at every step (TorchRL and RLlib build their specs from the first infos): give every key a value at "
@@ -699,9 +837,9 @@ def _token_fail(env: Any, detail: str, agent: str | None = None) -> EnvCheckErro
 
 
 def _run_parallel(env: Any, script: list[dict[str, list[int]]], seed: int) -> list[Any]:
-    """Per turn boundary: (prompt ids per agent, rewards, terminations, truncations, infos)."""
+    """Per turn boundary: (prompt ids per agent, rewards, terminations, truncations, infos, state)."""
     obs, infos = env.reset(seed=seed)
-    trace = [({a: prompt_ids(o) for a, o in obs.items()}, infos)]
+    trace = [({a: prompt_ids(o) for a, o in obs.items()}, infos, env.state())]
     for turn in script:
         if env.step_unit == "response":
             out = env.step({a: _as_response(env, a, turn[a]) for a in env.agents})
@@ -720,18 +858,19 @@ def _run_parallel(env: Any, script: list[dict[str, list[int]]], seed: int) -> li
                     raise _token_fail(env, f"a step within the turn (token {k}) returned rewards {out[1]} and "
                                       f"terminations {out[2]}; expected 0.0 and False until the turn resolves")
         obs = out[0]
-        trace.append(({a: prompt_ids(o) for a, o in out[0].items()}, *out[1:]))
+        trace.append(({a: prompt_ids(o) for a, o in out[0].items()}, *out[1:], env.state()))
     return trace
 
 
 def _run_sequential(env: Any, script: list[dict[str, list[int]]], seed: int) -> list[Any]:
-    """Per turn boundary: (prompt ids per agent, rewards, cumulative rewards, terminations, truncations, infos)."""
+    """Per turn boundary: (prompt ids per agent, rewards, cumulative rewards, terminations, truncations, infos,
+    state)."""
     env.reset(seed=seed)
 
     def snapshot() -> tuple:
         prompts = {a: prompt_ids(env.observe(a)) for a in env.possible_agents}
         return (prompts, dict(env.rewards), dict(env._cumulative_rewards), dict(env.terminations),
-                dict(env.truncations), copy.deepcopy(env.infos))
+                dict(env.truncations), copy.deepcopy(env.infos), env.state())
 
     trace = [snapshot()]
     for turn in script:
@@ -754,7 +893,7 @@ def _run_sequential(env: Any, script: list[dict[str, list[int]]], seed: int) -> 
 
 
 @_check("token_mode", "step_unit='token' (one token a step, action masks) ends in the same prompts, rewards, infos, "
-        "history and transcript as whole responses",
+        "states, history and transcript as whole responses",
         "Token mode must end each turn exactly as response mode does. A task must not depend on how a response was "
         "stepped; an env subclass that overrides step, _observation or _info must handle step_unit='token' too.")
 @_each_protocol
@@ -871,7 +1010,8 @@ def _row(batch: Any, i: int) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-@_check("vector", "a vector env of it (make_vec) steps each row exactly as a single env with the same seed and actions",
+@_check("vector", "a vector env of it (make_vec) steps each row exactly as a single env with the same seed and actions "
+        "(observations, infos, rewards, states)",
         "Each row of a batch must be what a single env with the same seed and actions gives. A task's prepare_rewards "
         "(called with the whole batch's turns) must store per (problem, outputs) what reward() then returns.")
 @_each_protocol
@@ -885,6 +1025,7 @@ def check_vector(subject: Subject, protocol: str) -> None:
     rng = np.random.default_rng(SEED)
     step = 0
     while True:
+        states = venv.state()
         for i, env in enumerate(singles):
             for agent in obs:
                 for part, batch, one in (("observation", obs, single[i][0]), ("infos", infos, single[i][1])):
@@ -893,6 +1034,10 @@ def check_vector(subject: Subject, protocol: str) -> None:
                         raise EnvCheckError("vector", f"row {i} of the batch (seed {seeds[i]}) differs from a "
                                             "single "
                                             f"env at step {step}: {found}", agent=agent, problem=problem_label(env))
+            found = first_difference(_row(states, i), env.state(), "state")
+            if found:
+                raise EnvCheckError("vector", f"row {i} of the batch's state() (seed {seeds[i]}) differs from a "
+                                    f"single env's at step {step}: {found}", problem=problem_label(env))
         if not venv.agents:
             break
         rows = [random_actions(env, rng, venv.agents) for env in singles]
