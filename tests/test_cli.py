@@ -69,7 +69,8 @@ def test_train_magrpo_then_eval(tiny_model_dir, tmp_path, capsys):
     assert f"report: {run_dir / 'report.html'}" in out and (run_dir / "report.html").is_file()
 
     # --device and --dtype as the learners take them (README "On a GPU").
-    assert main(["eval", "--checkpoint", str(run_dir), "--num-problems", "2", "--device", "cpu", "--dtype", "float32"]) == 0
+    eval_args = ["eval", "--checkpoint", str(run_dir), "--num-problems", "2", "--device", "cpu", "--dtype", "float32"]
+    assert main(eval_args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["env"] == "writing/xsum-v0" and result["greedy"] is True
     assert 0.0 <= result["eval/total"] <= 3.0 and "eval/structure" in result
