@@ -8,8 +8,8 @@ sample rows in all, temperature 0.7 / top-p 0.9 / top-k 50, ``--max-new-tokens``
 decodes to the end); without it, the embedded default model (its rows stop at EOS: ms/step then counts
 steps that ran).
 
-- ``ms_per_step``: steady decode, ``(t(T) - t(8)) / (T - 8)`` from calls of T and 8 new tokens (the
-  prefill and per-call set-up cancel out), median of ``--repeats``;
+- ``ms_per_step``: steady decode, ``(t(T) - t(S)) / (T - S)`` from calls of T and S new tokens, S = 8 or
+  T // 2 when T < 16 (the prefill and per-call set-up cancel out), median of ``--repeats``;
 - ``call_ms_per_step``: a whole call of T tokens over T;
 - ``first_call_s``: the first call of a shape (a graph's capture, a compile, allocations included).
 
@@ -129,6 +129,15 @@ def profile_step(policy, device: torch.device, steps: int = 5) -> dict[str, obje
     }
 
 
+def short_length(length: int) -> int:
+    """The shorter call's new tokens S: 8, or ``length // 2`` when ``length`` < 16 (S < T always).
+
+    >>> short_length(48), short_length(16), short_length(8), short_length(2)
+    (8, 8, 4, 1)
+    """
+    return min(8, length // 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
@@ -143,6 +152,9 @@ def main() -> None:
                         help="kernels a static step launches and their summed device time (torch.profiler)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bare loop and per-agent generate")
     args = parser.parse_args()
+    if args.max_new_tokens < 2:
+        parser.error(f"--max-new-tokens must be >= 2 (ms per step compares calls of two lengths), "
+                     f"got {args.max_new_tokens}")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     modes = args.modes or (["dynamic", "graph"] if device.type == "cuda" else ["dynamic", "static"])
@@ -163,6 +175,7 @@ def main() -> None:
             for param in policy.parameters(agent):
                 param.normal_(0.0, 0.01)
     length = args.max_new_tokens
+    short = short_length(length)
     table = []
     for rows in args.rows:
         per_agent = max(1, rows // (len(AGENTS) * SAMPLES))
@@ -182,8 +195,8 @@ def main() -> None:
             longs, shorts = [], []
             for _ in range(args.repeats):
                 longs.append(clock(lambda: call(length), device))
-                shorts.append(clock(lambda: call(8), device))
-            step_ms = 1000 * (statistics.median(longs) - statistics.median(shorts)) / (length - 8)
+                shorts.append(clock(lambda: call(short), device))
+            step_ms = 1000 * (statistics.median(longs) - statistics.median(shorts)) / (length - short)
             entry[mode] = {
                 "ms_per_step": round(step_ms, 2),
                 "call_ms_per_step": round(1000 * statistics.median(longs) / length, 2),

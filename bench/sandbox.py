@@ -27,7 +27,6 @@ import statistics
 import sys
 import time
 
-from agents.models import machine_description
 from llm_envs.rewards.coding import prompt_context
 from llm_envs.sandbox import SandboxJob, SandboxLimits, isolation_report, run_many
 from llm_envs.tasks.coding import _humaneval_rows
@@ -104,6 +103,11 @@ def main() -> None:
     contained = all(r.passed == 0 for r, k in zip(hostile_results, kinds) if k != "canonical")
     canonical_ok = sum(r.all_passed for r, k in zip(hostile_results, kinds) if k == "canonical")
 
+    # The caller's peak before describing the machine: that imports torch (~240 MB), which the caller of
+    # the sandbox (an env, a reward) never needs.
+    caller_peak_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    from agents.models import machine_description
+
     n = len(rows)
     print(json.dumps({
         "programs": n,
@@ -126,7 +130,7 @@ def main() -> None:
         "hostile_programs_per_s": round(n / hostile_s, 1),
         "hostile_all_zero_credit": contained,
         "hostile_canonical_full_credit": canonical_ok,
-        "caller_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "caller_peak_rss_mb": caller_peak_rss_mb,
         **report,
     }))
 

@@ -11,6 +11,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tianshou (the clients extra: tests/test_clients.py, docs/marl-integration.md's snippet in tests/test_docs.py)
+# compiles its buffer helpers with numba on first use, seconds of CPU for a run of a few steps; interpreted they
+# are as exact. numba reads this when first imported, so it is set for the whole session: set in one test
+# after another test's import, it leaves numba half-configured ("no attribute 'get_call_template'").
+os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
 
 import pytest
 from hub_fixtures import hub_fixture_rows, write_jsonl

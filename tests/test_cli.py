@@ -68,7 +68,9 @@ def test_train_magrpo_then_eval(tiny_model_dir, tmp_path, capsys):
     assert (run_dir / "learning_curves.png").is_file() and (run_dir / "checkpoints" / "latest").is_file()
     assert f"report: {run_dir / 'report.html'}" in out and (run_dir / "report.html").is_file()
 
-    assert main(["eval", "--checkpoint", str(run_dir), "--num-problems", "2"]) == 0
+    # --device and --dtype as the learners take them (README "On a GPU").
+    eval_args = ["eval", "--checkpoint", str(run_dir), "--num-problems", "2", "--device", "cpu", "--dtype", "float32"]
+    assert main(eval_args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["env"] == "writing/xsum-v0" and result["greedy"] is True
     assert 0.0 <= result["eval/total"] <= 3.0 and "eval/structure" in result
@@ -100,7 +102,26 @@ def test_train_bad_flags(capsys):
         assert line.startswith(f"llm-envs train{' ' + argv[1] if argv[1] != 'sac' else ''}: error: "), line
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "magrpo", "--help"])
-    assert exit_info.value.code == 0 and "--num-generations" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "--num-generations" in out
+    # The learner's own docstring, not the deprecated path's "Moved to ..." (baselines/_moved.py).
+    assert "Moved to" not in out and "MAGRPO" in out.split("╭")[0], out[:400]
+
+
+@pytest.mark.parametrize("name", ["magrpo", "ppo", "maac", "cory", "madpo", "marlhf"])
+def test_python_m_learner_is_llm_envs_train(name, monkeypatch):
+    """``python -m baselines.learners.<name>`` (and ``torchrun -m``) runs ``llm-envs train <name>`` with its
+    flags: the same config, errors and the report.html at the end (test_train_magrpo_then_eval)."""
+    import runpy
+    import sys
+
+    calls = []
+    monkeypatch.setattr("baselines.infra.cli.main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--num-iterations", "1"])
+    monkeypatch.delitem(sys.modules, f"baselines.learners.{name}", raising=False)  # as a fresh `python -m`
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module(f"baselines.learners.{name}", run_name="__main__")
+    assert exit_info.value.code == 0 and calls == [["train", name, "--num-iterations", "1"]]
 
 
 def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
@@ -112,6 +133,8 @@ def test_errors_are_one_line_and_debug_shows_the_traceback(tmp_path, capsys):
         main(["train", "magrpo", "--env", "nope/nope-v0", "--output-dir", str(tmp_path), "--debug"])
     assert main(["eval", "--checkpoint", str(tmp_path / "missing")]) == 2
     assert "no checkpoint found at" in one_error_line(capsys)
+    assert main(["eval", "--num-problems", "1", "--dtype", "float8"]) == 2
+    assert "dtype must be None, 'auto', one of" in one_error_line(capsys)
     assert main(["train", "magrpo", "--resume", "--output-dir", str(tmp_path)]) == 2
     assert "nothing to resume" in one_error_line(capsys)
     step = tmp_path / "run" / "checkpoints" / "step_000001"

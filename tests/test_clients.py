@@ -6,7 +6,6 @@ random legal tokens). Skipped, with the install command, where the ``clients`` e
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -74,9 +73,7 @@ def test_skrl_config_checks(skrl_example):
 # -------------------------------------------------------------------------------------------- Tianshou
 @pytest.fixture(scope="module")
 def tianshou_example():
-    # Tianshou compiles its buffer and n-step helpers with numba on first use: seconds of CPU for a run of a few
-    # steps. Interpreted, they are as exact; no other test imports numba (which reads this when first imported).
-    os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+    # numba's JIT is off for the whole session (tests/conftest.py): Tianshou's helpers run interpreted.
     pytest.importorskip("tianshou", reason=f"tianshou is not installed: {INSTALL}")
     return load("tianshou_token_dqn")
 

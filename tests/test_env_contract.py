@@ -285,8 +285,18 @@ def test_user_defined_task_registers_in_a_few_lines():
     _, rewards, *_ = env.step({"writer": "volcanoes erupt", "critic": "fine"})
     assert rewards == {"writer": 1.0, "critic": 1.0}
     parallel_api_test(llm_envs.make(task_id), num_cycles=2)
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(ValueError, match="already registered with a different definition.*replace=True"):
         llm_envs.register(task_id, lambda: None)
+    # replace=True redefines an id of your own (a fixed task, a re-run notebook cell), never a built-in one.
+    echo = llm_envs.spec(task_id)
+    try:
+        llm_envs.register(task_id, lambda: echo.task(), description="redefined", replace=True)
+        assert llm_envs.describe_envs()[task_id] == "redefined"
+    finally:
+        llm_envs.register(task_id, echo.task, description=echo.description, replace=True)
+    with pytest.raises(ValueError, match="'writing/xsum-v0' is built in and cannot be redefined"):
+        llm_envs.register("writing/xsum-v0", lambda: None, replace=True)
+    assert llm_envs.spec("writing/xsum-v0").task.__name__ == "WritingTask"
     with pytest.raises(ValueError, match="versioned"):
         llm_envs.register("Custom Echo", lambda: None)
 

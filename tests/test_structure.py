@@ -29,10 +29,21 @@ def modules(package: str) -> dict[str, Path]:
 ALL = {name: path for package in PACKAGES for name, path in modules(package).items()}
 
 
+def is_main_block(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``"""
+    test = getattr(node, "test", None)
+    return (isinstance(node, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and len(test.comparators) == 1
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__")
+
+
 def imported(name: str, path: Path, *, top_level_only: bool = False) -> set[str]:
     """The modules of our packages (or any absolute module when it is not ours: ``torch``) that the
-    module ``name`` imports, anywhere in its code or at its top level only."""
+    module ``name`` imports, anywhere in its code or at its top level only. A script's entry block
+    (``if __name__ == "__main__":``) is left out: it never runs when the module is imported (a learner's
+    hands its command line to baselines.infra.cli, which imports the learners)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree.body = [node for node in tree.body if not is_main_block(node)]
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     is_package = path.name == "__init__.py"
     found: set[str] = set()

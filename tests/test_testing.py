@@ -369,6 +369,22 @@ def test_pytest_plugin_and_env_test_one_line_per_env(tmp_path):
     assert unknown.returncode == 4 and "'mine/unknown-v0' is not registered" in unknown.stderr, unknown.stderr
 
 
+def test_the_pytest_command_imports_the_module_from_the_folder_it_runs_in(tmp_path):
+    """docs/testing.md: ``pytest --llm-envs-check my_tasks:mine/echo-v0`` in the folder that holds my_tasks.py
+    (the ``pytest`` command, unlike ``python -m pytest``, does not put the current folder on sys.path)."""
+    from pathlib import Path
+
+    (tmp_path / "my_tasks.py").write_text(MY_TASKS)
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # PYTHONPATH: this checkout, not tmp_path
+    assert str(tmp_path) not in env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "pytest"), "-p", "llm_envs.testing.pytest_plugin", "-p", "no:cacheprovider",
+         "-q", "--llm-envs-check", "my_tasks:mine/echo-v0", "-k", "pettingzoo_parallel"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout + out.stderr
+
+
 def test_the_official_checks_draw_the_same_random_actions_every_run():
     """PettingZoo's random agent samples from the env's action spaces: seeded, its episode is the same on
     every run, so a flat observation (no visible action mask) cannot make the check pass or fail by chance."""

@@ -11,7 +11,7 @@
     llm-envs train cory [--FIELD VALUE ...]   CORY: two PPO models swapping pioneer/observer (docs/cory.md)
     llm-envs train madpo [--iterative] [--FIELD VALUE ...]   joint preference optimisation (docs/madpo.md)
     llm-envs train marlhf [--iterative] [--FIELD VALUE ...]  a learned joint reward, then MAGRPO (docs/marlhf.md)
-    llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5]
+    llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5] [--device D]
                                        mean reward and components on the eval split; pass@k on coding
                                        and math envs (llm-envs eval --env math/gsm8k-v0 --num-samples 5)
     llm-envs plot RUN_DIR_OR_JSONL [--output PNG]
@@ -95,12 +95,17 @@ ALIASES = {"iac": "ppo"}
 value head per agent."""
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def learner_module(name: str) -> Any:
+    """The module of learner ``name`` (one of :data:`LEARNERS`): ``baselines.learners.<name>``."""
     import importlib
 
+    return importlib.import_module(f"baselines.learners.{ALIASES.get(name, name)}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
     import tyro
 
-    learner = importlib.import_module(f"baselines.{ALIASES.get(args.algo, args.algo)}")
+    learner = learner_module(args.algo)
     presets = getattr(learner, "PRESETS", {})
     rest = list(args.rest)
     preset = None
@@ -255,7 +260,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             lora[CRITIC] = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])
         models = [*models, CRITIC]  # the centralised critic's adapter is part of the checkpoint
     policy = MultiAgentPolicy.from_pretrained(
-        models, bases, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory", "maac")
+        models, bases, lora=lora, mixed_batches=False, value_head=learner in ("ppo", "cory", "maac"),
+        device=args.device, dtype=args.dtype,
     )
     if checkpoint is not None:
         policy.load(checkpoint / "policy")
@@ -349,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", action="store_true",
                    help="with --centralized: the env writes the first role's opening tag at the start of each response")
     p.add_argument("--seed", type=int, default=0, help="seed (default: %(default)s)")
+    p.add_argument("--device", default=None,
+                   help="torch device, e.g. cpu, cuda, cuda:1 (default: a GPU when one is visible, else the CPU)")
+    p.add_argument("--dtype", default=None,
+                   help="the base model's dtype, e.g. bfloat16, float32 (default: bfloat16 on a GPU or a CPU with "
+                        "native bf16, else float32)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plot", help="PNG learning curves per reward component from a run's metrics.jsonl")

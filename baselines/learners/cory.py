@@ -89,6 +89,10 @@ def main(config: Config) -> dict[str, Any]:
 summary = ppo.summary
 
 if __name__ == "__main__":
-    import tyro
+    # `python -m baselines.learners.cory` (or `torchrun -m ...`) is `llm-envs train cory`: the same flags and
+    # presets, one-line errors, and the run's report.html at the end.
+    import sys
 
-    print(summary(main(tyro.cli(Config))))
+    from baselines.infra.cli import main as cli
+
+    raise SystemExit(cli(["train", "cory", *sys.argv[1:]]))

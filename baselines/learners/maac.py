@@ -372,6 +372,10 @@ def summary(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    import tyro
+    # `python -m baselines.learners.maac` (or `torchrun -m ...`) is `llm-envs train maac`: the same flags and
+    # presets, one-line errors, and the run's report.html at the end.
+    import sys
 
-    print(summary(main(tyro.cli(Config))))
+    from baselines.infra.cli import main as cli
+
+    raise SystemExit(cli(["train", "maac", *sys.argv[1:]]))

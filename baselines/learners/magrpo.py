@@ -387,6 +387,10 @@ def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
 
 
 if __name__ == "__main__":
-    import tyro
+    # `python -m baselines.learners.magrpo` (or `torchrun -m ...`) is `llm-envs train magrpo`: the same flags and
+    # presets, one-line errors, and the run's report.html at the end.
+    import sys
 
-    print(summary(main(tyro.cli(Config))))
+    from baselines.infra.cli import main as cli
+
+    raise SystemExit(cli(["train", "magrpo", *sys.argv[1:]]))

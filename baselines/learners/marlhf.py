@@ -502,7 +502,7 @@ def rl_config(config: Config) -> Any:
 
     from baselines.infra.config import LearnerConfig
 
-    learner = importlib.import_module(f"baselines.{config.rl_learner}")
+    learner = importlib.import_module(f"baselines.learners.{config.rl_learner}")
     shared = {f.name for f in dataclasses.fields(LearnerConfig)} - {"kl_in", "output_dir", "run_name"}
     own = {f.name for f in dataclasses.fields(learner.Config)}
     values = {k: getattr(config, k) for k in shared & own}
@@ -719,3 +719,11 @@ def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
     return preset(Config, PRESETS, name, overrides)
 
 
+if __name__ == "__main__":
+    # `python -m baselines.learners.marlhf` (or `torchrun -m ...`) is `llm-envs train marlhf`: the same flags and
+    # presets, one-line errors, and the run's report.html at the end.
+    import sys
+
+    from baselines.infra.cli import main as cli
+
+    raise SystemExit(cli(["train", "marlhf", *sys.argv[1:]]))

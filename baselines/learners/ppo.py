@@ -539,6 +539,10 @@ def summary(result: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    import tyro
+    # `python -m baselines.learners.ppo` (or `torchrun -m ...`) is `llm-envs train ppo`: the same flags and
+    # presets, one-line errors, and the run's report.html at the end.
+    import sys
 
-    print(summary(main(tyro.cli(Config))))
+    from baselines.infra.cli import main as cli
+
+    raise SystemExit(cli(["train", "ppo", *sys.argv[1:]]))

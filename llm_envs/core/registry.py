@@ -47,12 +47,16 @@ def register(
     *,
     protocol: str = "parallel",
     description: str = "",
+    replace: bool = False,
     **kwargs: Any,
 ) -> EnvSpec:
     """Register ``env_id``: ``task(**task_kwargs)`` builds the task; ``kwargs`` are default arguments
     for the env (see :data:`~llm_envs.core.base.ENV_KWARGS`) or the task constructor.
 
-    Re-registering an id with a different definition raises: ids never change behaviour.
+    Re-registering an id with a different definition raises: ids never change behaviour. While you
+    develop a task of your own (a fixed reward, a re-run notebook cell: a new ``lambda`` is a different
+    definition), ``replace=True`` redefines your id in this interpreter; the built-in ids cannot be
+    replaced (register a new id or version instead).
     """
     if not _ID.match(env_id):
         raise ValueError(
@@ -64,10 +68,23 @@ def register(
     _check_kwargs(spec, kwargs)
     old = _REGISTRY.get(env_id)
     if old is not None and (old.task, old.protocol, old.kwargs) != (task, protocol, spec.kwargs):
-        raise ValueError(f"Env id {env_id!r} is already registered with a different definition.")
+        if _is_builtin(old):
+            raise ValueError(f"Env id {env_id!r} is built in and cannot be redefined: register your task under an "
+                             "id of your own.")
+        if not replace:
+            raise ValueError(
+                f"Env id {env_id!r} is already registered with a different definition. Ids never change "
+                "behaviour: give the new definition a new id or version, or pass replace=True to redefine an id "
+                "of your own in this interpreter (a fixed task, a re-run notebook cell)."
+            )
     _REGISTRY[env_id] = spec
     _register_with_pettingzoo(spec)
     return spec
+
+
+def _is_builtin(spec: EnvSpec) -> bool:
+    """Whether ``spec`` is one of the ids that ``llm_envs.tasks`` registers."""
+    return getattr(spec.task, "__module__", "").startswith("llm_envs.tasks.")
 
 
 def _check_kwargs(spec: EnvSpec, kwargs: dict[str, Any]) -> None:

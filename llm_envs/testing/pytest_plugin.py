@@ -5,7 +5,8 @@ The package registers it through its ``pytest11`` entry point, so installing llm
 plugins are not auto-loaded, add ``-p llm_envs.testing.pytest_plugin`` (or
 ``pytest_plugins = ["llm_envs.testing.pytest_plugin"]`` in a top-level conftest.py).
 
-``ID`` may be ``module:env_id``: the module is imported first, so that it registers the id::
+``ID`` may be ``module:env_id``: the module is imported first (from the folder pytest runs in, as with
+``python -m pytest``), so that it registers the id::
 
     pytest --llm-envs-check my_tasks:mine/echo-v0
     pytest --llm-envs-check writing/xsum-v0 --llm-envs-check mine/echo-v0 -k "determinism or spaces"
@@ -16,6 +17,8 @@ In a test file, :func:`llm_envs.testing.env_test` does the same: ``test_echo = e
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -30,10 +33,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "(MODULE is imported first to register it); repeatable")
 
 
-def parse_spec(spec: str) -> str:
-    """The env id of ``[module:]env_id``, after importing the module."""
+def parse_spec(spec: str, invocation_dir: str | os.PathLike[str] | None = None) -> str:
+    """The env id of ``[module:]env_id``, after importing the module.
+
+    The module is imported as ``python -m pytest`` would find it: with ``invocation_dir`` (the folder pytest
+    was started in) first on ``sys.path``, so that ``pytest --llm-envs-check my_tasks:...`` works in the
+    folder that holds ``my_tasks.py`` (the ``pytest`` command, unlike ``python -m``, does not put it there).
+    """
     module, sep, env_id = spec.rpartition(":")
     if sep:
+        if invocation_dir is not None and str(invocation_dir) not in sys.path:
+            sys.path.insert(0, str(invocation_dir))
+            importlib.invalidate_caches()
         try:
             importlib.import_module(module)
         except ImportError as err:
@@ -72,6 +83,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from llm_envs.testing import CHECKS
 
     for spec in specs:
-        env_id = parse_spec(spec)
+        env_id = parse_spec(spec, config.invocation_params.dir)
         items.extend(EnvCheckItem.from_parent(session, name=f"llm-envs-check[{env_id}::{check}]", env_id=env_id,
                                               check=check) for check in CHECKS)
