@@ -145,31 +145,20 @@ def test_llm_envs_imports_torch_only_inside_functions():
     assert {k: v for k, v in at_import.items() if v} == {}
 
 
-# Modules written after the move never had an old path, so they have no shim.
-BORN_IN_PLACE = {"baselines/learners/rm_cache.py"}
-MOVED = {f"baselines.{path.stem}": f"baselines.{path.parent.name}.{path.stem}"
-         for folder in ("learners", "rl", "infra") for path in sorted((ROOT / "baselines" / folder).glob("[!_]*.py"))
-         if path.relative_to(ROOT).as_posix() not in BORN_IN_PLACE}
+# The modules of ``baselines`` moved into ``learners/``, ``rl/`` and ``infra/`` in 0.2.0, and their old paths
+# (``baselines.<name>``, shims for one release) are gone: baselines/ holds its three folders and nothing else.
+def test_baselines_holds_only_its_folders():
+    top = sorted(path.name for path in (ROOT / "baselines").iterdir() if path.name != "__pycache__")
+    assert top == ["__init__.py", "infra", "learners", "rl"]
 
 
-def test_modules_born_in_place_exist_and_have_no_old_path():
-    """The exceptions to the shims are real modules, and nothing answers at the old path they never had."""
-    for rel in sorted(BORN_IN_PLACE):
-        path = ROOT / rel
-        assert path.is_file(), rel
-        assert not (ROOT / "baselines" / path.name).exists(), rel
+def test_the_version_is_read_from_one_place():
+    """pyproject.toml's version is the one ``llm_envs.__version__`` gives, and CHANGELOG.md has its entry."""
+    import re
 
+    import llm_envs
 
-@pytest.mark.parametrize(("old", "new"), sorted(MOVED.items()))
-def test_a_moved_module_still_imports_from_its_old_path_with_a_warning(old, new):
-    """The modules of ``baselines`` moved into ``learners/``, ``rl/`` and ``infra/``; their old paths are
-    shims for one release that say where the module went and give its names."""
-    import sys
-
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}"):
-        shim = importlib.import_module(old)
-    module = importlib.import_module(new)
-    public = [name for name in vars(module) if not name.startswith("_")]
-    assert public and all(getattr(shim, name) is getattr(module, name) for name in public)
-
+    project = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("[project]", 1)[1]
+    version = re.search(r'^version = "([^"]+)"$', project, re.M).group(1)
+    assert llm_envs.__version__ == version
+    assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
