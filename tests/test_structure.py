@@ -136,8 +136,6 @@ VARIANTS = {("baselines.learners.cory", "baselines.learners.ppo"): "CORY is PPO 
 # Imports that break the stack today, each with the reason it is still here and the work that removes it.
 # The test fails when one of them is gone too, so the list only shrinks.
 NOT_YET = {
-    ("baselines.infra.cli", "baselines.learners.cory"): "CORY's roles rebuilt from a checkpoint (#50, step 3)",
-    ("baselines.infra.cli", "baselines.rl.critic"): "the critic's name, CRITIC (#50, step 3)",
     ("baselines.infra.distributed", "baselines.rl.tensors"): "strip_left_padding: merges into agents/rows.py with "
     "its strip_left (#50; distributed.py and rows.py are being changed by #48)",
     ("baselines.infra.play", "baselines.rl.tensors"): "pad_actions, strip_left_padding (#50, step 3)",

@@ -39,12 +39,11 @@ import numpy as np
 import torch
 
 from baselines.infra import distributed
-from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges, with_critic
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
 from baselines.rl.critic import (
-    CRITIC,
     CriticReader,
     central_context,
     central_forward,
@@ -53,7 +52,6 @@ from baselines.rl.critic import (
     critic_values,
     row_chunks,
     value_loss,
-    with_critic,
 )
 from baselines.rl.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
 
