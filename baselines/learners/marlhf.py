@@ -475,7 +475,7 @@ class LearnedRewardVec:
         return np.asarray(actions)
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        from baselines.rl.tensors import strip_left_padding
+        from baselines.infra.rows import strip_left_padding
 
         before, playing = self._obs, ~self._done
         obs, rewards, terms, truncs, infos = self.venv.step(actions)
