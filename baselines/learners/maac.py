@@ -40,6 +40,7 @@ import torch
 
 from baselines.infra import distributed
 from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges, with_critic
+from baselines.infra.evaluation import summary
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
@@ -354,19 +355,6 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     result = run.finish(metrics)
     venv.close()
     return result
-
-
-def summary(result: dict[str, Any]) -> str:
-    """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.infra.evaluation import eval_table
-
-    lines = eval_table(result)
-    if "reward/total" in result:
-        lines.append(f"last training reward {result['reward/total']:.3f}")
-    if "plot" in result:
-        lines.append(f"plot: {result['plot']}")
-    lines.append(f"run:  {result.get('run_dir')}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

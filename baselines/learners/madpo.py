@@ -36,6 +36,7 @@ import torch
 
 from baselines.infra import distributed
 from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
+from baselines.infra.evaluation import summary
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import probe_env, team_env_kwargs
 from baselines.infra.run import Run
@@ -572,12 +573,6 @@ def load_preference_state(team: Team, run: Run, config: PreferenceConfig) -> tup
     if config.resume:
         history.load(team, run.start_step)
     return buffer, history
-
-
-def summary(result: Mapping[str, Any]) -> str:
-    from baselines.learners.magrpo import summary as magrpo_summary
-
-    return magrpo_summary(result)
 
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:

@@ -34,6 +34,7 @@ import torch
 from agents.memory import mapped_large_blocks
 from baselines.infra import distributed
 from baselines.infra.config import check_choice, check_ints, check_ranges, preset
+from baselines.infra.evaluation import summary  # noqa: F401  (the closing lines `llm-envs train marlhf` prints)
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn, check_shared_tokenizer
 from baselines.infra.run import Run, mean_over_agents
@@ -706,12 +707,6 @@ def main(config: Config) -> dict[str, Any]:
     result = run.finish(metrics)
     team.close()
     return result
-
-
-def summary(result: Mapping[str, Any]) -> str:
-    from baselines.learners.magrpo import summary as magrpo_summary
-
-    return magrpo_summary(result)
 
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:
