@@ -100,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     import tyro
 
-    learner = importlib.import_module(f"baselines.{ALIASES.get(args.algo, args.algo)}")
+    learner = importlib.import_module(f"baselines.learners.{ALIASES.get(args.algo, args.algo)}")
     presets = getattr(learner, "PRESETS", {})
     rest = list(args.rest)
     preset = None

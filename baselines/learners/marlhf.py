@@ -503,7 +503,7 @@ def rl_config(config: Config) -> Any:
 
     from baselines.infra.config import LearnerConfig
 
-    learner = importlib.import_module(f"baselines.{config.rl_learner}")
+    learner = importlib.import_module(f"baselines.learners.{config.rl_learner}")
     shared = {f.name for f in dataclasses.fields(LearnerConfig)} - {"kl_in", "output_dir", "run_name"}
     own = {f.name for f in dataclasses.fields(learner.Config)}
     values = {k: getattr(config, k) for k in shared & own}
