@@ -38,7 +38,11 @@ from baselines.infra.evaluation import summary  # noqa: F401  (the closing lines
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn, check_shared_tokenizer
 from baselines.infra.run import Run, mean_over_agents
-from baselines.learners.madpo import (
+from baselines.learners.rm_cache import cache_entry, fit_key, load_cached_fit, save_cached_fit
+from baselines.rl.critic import critic_inputs, critic_values
+from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
+from baselines.rl.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
+from baselines.rl.preference_team import (
     PreferenceConfig,
     Team,
     collect_offline,
@@ -46,10 +50,6 @@ from baselines.learners.madpo import (
     load_preference_state,
     preference_dir,
 )
-from baselines.learners.rm_cache import cache_entry, fit_key, load_cached_fit, save_cached_fit
-from baselines.rl.critic import critic_inputs, critic_values
-from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
-from baselines.rl.preference import Candidates, Pair, PairBuffer, bradley_terry_loss, candidate_kl
 
 LEARNER = "marlhf"
 REWARD_MODEL = "reward_model"
