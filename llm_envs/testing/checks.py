@@ -250,11 +250,11 @@ PETTINGZOO_HINT = (
 
 
 def seeded_spaces(env: Any) -> Any:
-    """``env`` with each agent's action space seeded (0, 1, ...): PettingZoo's random agent draws from
-    them, and unseeded they draw another episode every run. Under a flat observation the agent cannot
-    see the action mask, so an unseeded draw of a stop token now and then makes the next unmasked draw
-    an action the env refuses (a clear error): a check that passes or fails by chance. Seeded, it is
-    the same run every time."""
+    """``env`` with each agent's action space seeded (0, 1, ...): PettingZoo's random agent and
+    render_test draw from them, and unseeded they draw another episode every run. Under a flat
+    observation the agent cannot see the action mask, so an unseeded draw of a stop token now and then
+    makes the next unmasked draw an action the env refuses (a clear error): a check that passes or fails
+    by chance. Seeded, it is the same run every time."""
     for i, agent in enumerate(env.possible_agents):
         env.action_space(agent).seed(i)
     return env
@@ -290,14 +290,6 @@ def _other_protocol_note(subject: Subject) -> list[str] | None:
     return [f"the {p} protocol: the task (or the env given) does not run it" for p in missing] or None
 
 
-def _seeded_spaces(env: Any) -> Any:
-    """render_test samples actions unseeded, and with flat observations it cannot see a token-mode action
-    mask: seeded action spaces make its draws the same on every run."""
-    for agent in env.possible_agents:
-        env.action_space(agent).seed(0)
-    return env
-
-
 @_check("pettingzoo_seed", "PettingZoo's parallel_seed_test and seed_test", PETTINGZOO_HINT
         + " A seed test failing alone: see the determinism check's hint.")
 def check_pettingzoo_seed(subject: Subject) -> list[str] | None:
@@ -321,7 +313,7 @@ def check_pettingzoo_render(subject: Subject) -> list[str] | None:
         overrides, _ = _official_kwargs(subject, protocol)
         build = _aec_factory(subject, protocol, overrides)
         _official("pettingzoo_render", f"render_test ({protocol})",
-                  lambda b=build: render_test(lambda **k: _seeded_spaces(b(**k))))
+                  lambda b=build: render_test(lambda **k: seeded_spaces(b(**k))))
     return _other_protocol_note(subject)
 
 
