@@ -61,6 +61,8 @@ from llm_envs.core.task import Context, Problem, Prompt, Response, Task
 from llm_envs.rewards.coding import strip_fences
 from llm_envs.sandbox import SandboxLimits, run_tests
 
+MAX_ATTEMPTS = 1000
+"""Random tries a generator makes for an instance that meets its level before it gives up."""
 EVAL_SIZE = 1000
 """Instances of the eval split."""
 EVAL_CLASS = 4

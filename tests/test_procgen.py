@@ -391,7 +391,7 @@ def test_instance_random_draws_only_with_random():
 
 
 def test_the_sudoku_prompts_format_example_never_is_the_solution():
-    from llm_envs.tasks.puzzle import _example_grid
+    from llm_envs.tasks.sudoku import _example_grid
 
     pattern = "1234\n3412\n2341\n4123"
     solution = tuple(int(d) for d in pattern if d.isdigit())
