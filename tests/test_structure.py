@@ -138,7 +138,6 @@ VARIANTS = {("baselines.learners.cory", "baselines.learners.ppo"): "CORY is PPO 
 NOT_YET = {
     ("baselines.infra.distributed", "baselines.rl.tensors"): "strip_left_padding (now infra/rows.py's): merges into "
     "agents/rows.py with its strip_left (#50; distributed.py and rows.py are being changed by #48)",
-    ("baselines.learners.marlhf", "baselines.learners.rm_cache"): "the reward model's cache (#50, step 5)",
 }
 
 
