@@ -370,9 +370,9 @@ def test_difficulty_levels_change_the_instances():
 
 
 def test_first_turn_observation_cache_is_bounded(monkeypatch):
-    from llm_envs.core import base
+    from llm_envs.core import observations
 
-    monkeypatch.setattr(base, "OBS_CACHE_SIZE", 6)
+    monkeypatch.setattr(observations, "OBS_CACHE_SIZE", 6)
     env = llm_envs.make("planning/plan-path-easy-v0")
     for seed in range(10):
         env.reset(seed=seed)
