@@ -125,7 +125,9 @@ class DecodeError(ValueError):
 
 
 DECODE_DEPTH = ENCODE_DEPTH + 1  # the deepest value encode writes: its cut-off marker included
-CONTAINERS = {"l": list, "t": tuple, "s": set, "z": frozenset}
+SCALARS = {"i": lambda r: int(r[0], 16), "f": lambda r: float(r[0]), "c": lambda r: complex(float(r[0]), float(r[1])),
+           "b": lambda r: bytes.fromhex(r[0]), "x": lambda r: decode_value(str(r[0]), str(r[1]))}
+CONTAINERS = {"l": list, "t": tuple, "s": set, "z": frozenset, "d": dict}
 
 
 def decode(data: Any, hook: Any = None, depth: int = 0) -> Any:
@@ -142,35 +144,21 @@ def decode(data: Any, hook: Any = None, depth: int = 0) -> Any:
     tag, rest = data[0], data[1:]
     if tag in ("h", "n", "o", "p") and hook is not None:
         return hook(tag, rest)
+    if tag not in SCALARS and tag not in CONTAINERS:
+        raise DecodeError(f"unknown value tag {tag!r}")
     try:
-        if tag == "i":
-            return int(rest[0], 16)
-        if tag == "f":
-            return float(rest[0])
-        if tag == "c":
-            return complex(float(rest[0]), float(rest[1]))
-        if tag == "b":
-            return bytes.fromhex(rest[0])
-        if tag == "x":
-            return decode_value(str(rest[0]), str(rest[1]))
-        if tag in CONTAINERS:
-            items = list(rest[0])
-        elif tag == "d":
-            items = [(k, v) for k, v in rest[0]]
-        else:
-            raise DecodeError(f"unknown value tag {tag!r}")
-    except DecodeError:
-        raise
+        if tag in SCALARS:
+            return SCALARS[tag](rest)
+        items = [(k, v) for k, v in rest[0]] if tag == "d" else list(rest[0])
     except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as err:
         raise DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
     # The items outside the try: a hook's own errors inside a container pass through too.
     if tag == "d":
         values: Any = [(decode(k, hook, depth + 1), decode(v, hook, depth + 1)) for k, v in items]
-        build: Any = dict
     else:
-        values, build = [decode(v, hook, depth + 1) for v in items], CONTAINERS[tag]
+        values = [decode(v, hook, depth + 1) for v in items]
     try:
-        return build(values)
+        return CONTAINERS[tag](values)
     except TypeError as err:  # an unhashable member of a set or key of a dict
         raise DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
 
