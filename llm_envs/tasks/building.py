@@ -17,8 +17,8 @@ Episode                one turn by default; with ``num_turns >= 2`` each builder
 =====================  ==========================================================================
 
 Letters (``building/letters-v0``): the string is drawn with our 5 x 5 font
-(:data:`~llm_envs.tasks.building_world.FONT`, A-Z), 2 empty columns between letters, on the plane ``z =
-0``: ``x`` counts columns from the left, ``y`` rows from the bottom (``y = 4`` is the glyphs' top row).
+(:data:`~llm_envs.tasks.building_world.FONT`, A-Z), 2 empty columns between letters, on the plane
+``z = 0``: ``x`` counts columns from the left, ``y`` rows from the bottom (``y = 4`` is the glyphs' top row).
 World bounds: ``0 <= x < width``, ``0 <= y < 5``, ``z = 0``. Each builder has its own palette of two
 blocks and writes ``/setblock x y z block`` lines with them; each may issue ``ceil(0.75 x glyph cells)``
 commands (the budget, 1.5 x the cells, split in two).
