@@ -5,6 +5,6 @@
 * :mod:`baselines.infra`: the machinery of a run (command line, config, checkpoints, data parallelism,
   playing episodes, evaluation, metrics, report).
 
-The modules' former paths (``baselines.magrpo``, ``baselines.cli``, ...) still import, with a
-DeprecationWarning, for one release.
+The modules' paths before 0.2.0 (``baselines.magrpo``, ``baselines.cli``, ...) are gone: CHANGELOG.md
+lists where each went.
 """

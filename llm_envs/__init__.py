@@ -16,7 +16,7 @@ from llm_envs.core.registry import describe_envs, list_envs, make, make_aec, reg
 from llm_envs.core.task import Context, Response, Task, TemplateTask, TurnRecord
 from llm_envs.core.vector import SequentialVectorEnv, VectorEnv, make_vec
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "CentralizedEnv",

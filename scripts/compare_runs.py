@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, (learner, fields) in RUNS.items():
         if args.only and name not in args.only:
             continue
-        module = importlib.import_module(f"baselines.{learner}")
+        module = importlib.import_module(f"baselines.learners.{learner}")
         config = module.Config(**{**TINY, **fields, "model": model, "output_dir": str(out), "run_name": name})
         module.main(config)
         print(f"{name}: done", flush=True)

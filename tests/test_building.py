@@ -11,8 +11,8 @@ import pytest
 
 import llm_envs
 from llm_envs.procgen import EVAL_SIZE, in_eval_class, instance_key
-from llm_envs.tasks.building import (
-    FEEDBACK_MODES,
+from llm_envs.tasks.building import FEEDBACK_MODES
+from llm_envs.tasks.building_world import (
     FONT,
     GLYPH,
     ROLES,

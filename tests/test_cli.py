@@ -112,15 +112,19 @@ def test_train_bad_flags(capsys):
 def test_python_m_learner_is_llm_envs_train(name, monkeypatch):
     """``python -m baselines.learners.<name>`` (and ``torchrun -m``) runs ``llm-envs train <name>`` with its
     flags: the same config, errors and the report.html at the end (test_train_magrpo_then_eval)."""
+    import importlib.util
     import runpy
     import sys
 
     calls = []
     monkeypatch.setattr("baselines.infra.cli.main", lambda argv: calls.append(argv) or 0)
     monkeypatch.setattr(sys, "argv", [f"{name}.py", "--num-iterations", "1"])
-    monkeypatch.delitem(sys.modules, f"baselines.learners.{name}", raising=False)  # as a fresh `python -m`
+    # The module's file run as `__main__` (what `python -m` does): run_path compiles the source itself, where
+    # run_module would take the loader of pytest's assertion rewriter, which claims the package's modules when
+    # the editable install's egg-info (with our pytest11 plugin) sits in the working folder, and has no get_code.
+    path = importlib.util.find_spec(f"baselines.learners.{name}").origin
     with pytest.raises(SystemExit) as exit_info:
-        runpy.run_module(f"baselines.learners.{name}", run_name="__main__")
+        runpy.run_path(path, run_name="__main__")
     assert exit_info.value.code == 0 and calls == [["train", name, "--num-iterations", "1"]]
 
 

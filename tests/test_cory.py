@@ -233,3 +233,13 @@ def test_cli_train_cory_then_eval(tiny_model_dir, tmp_path, capsys):
     assert cli(["eval", "--checkpoint", str(tmp_path / "cli"), "--num-problems", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["env"] == "sentiment/imdb-cory-v0" and "eval/sentiment_pioneer" in result
+    # The checkpoint records the roles the models played last, which eval loads (infra knows no CORY).
+    trainer_path = find_checkpoint(tmp_path / "cli") / "trainer.json"
+    trainer = json.loads(trainer_path.read_text())
+    assert trainer["extra"]["adapters"] == {"pioneer": "model_0", "observer": "model_1"}
+    assert trainer["extra"]["models"] == list(MODELS)
+    # A checkpoint of an older version, without them, is refused by name.
+    del trainer["extra"]["adapters"], trainer["extra"]["models"]
+    trainer_path.write_text(json.dumps(trainer))
+    assert cli(["eval", "--checkpoint", str(tmp_path / "cli"), "--num-problems", "2"]) == 2
+    assert "llm-envs < 0.2.0" in capsys.readouterr().err

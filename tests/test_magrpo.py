@@ -20,6 +20,7 @@ import tyro
 
 from baselines.infra.checkpoints import CheckpointError, find_checkpoint
 from baselines.infra.metrics import read_metrics
+from baselines.infra.rows import strip_left_padding
 from baselines.learners import magrpo
 from baselines.learners.magrpo import Config
 from baselines.rl.policy_gradient import (
@@ -30,7 +31,7 @@ from baselines.rl.policy_gradient import (
     policy_gradient_loss,
     sequence_kl,
 )
-from baselines.rl.tensors import masked_mean, strip_left_padding
+from baselines.rl.tensors import masked_mean
 
 # ----------------------------------------------------------------------------------------- math
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0], [5.0, 5.0, 5.0, 5.0]])

@@ -16,7 +16,9 @@ import torch
 
 from baselines.infra.checkpoints import find_checkpoint
 from baselines.infra.metrics import read_metrics
-from baselines.learners import marlhf, rm_cache
+from baselines.learners import marlhf
+from baselines.rl import reward_model
+from baselines.rl import reward_model_cache as rm_cache
 
 TIMINGS = ("charts/s_per_iteration", "charts/rollout_fraction")
 
@@ -74,7 +76,7 @@ def test_a_run_that_finds_its_fit_runs_exactly_as_the_run_that_wrote_it(tiny_mod
     assert entries(tmp_path) == [entry]
     assert result["pref/rm_heldout_accuracy"] == record["stats"]["pref/rm_heldout_accuracy"]
     moved = weights(faster.run_dir())
-    rm = [k for k in moved if k.startswith(f"{marlhf.REWARD_MODEL}.")]
+    rm = [k for k in moved if k.startswith(f"{reward_model.REWARD_MODEL}.")]
     assert rm and all(torch.equal(moved[k], theirs[k]) for k in rm)
     assert any(not torch.equal(moved[k], theirs[k]) for k in moved if k.startswith("brief."))
 
@@ -82,7 +84,7 @@ def test_a_run_that_finds_its_fit_runs_exactly_as_the_run_that_wrote_it(tiny_mod
 def test_the_key_holds_every_setting_of_the_fit_and_none_of_the_rl_stage(tiny_model_dir, tmp_path):
     from agents import MultiAgentPolicy
 
-    policy = MultiAgentPolicy.from_pretrained(["brief", "detailed", marlhf.REWARD_MODEL], tiny_model_dir,
+    policy = MultiAgentPolicy.from_pretrained(["brief", "detailed", reward_model.REWARD_MODEL], tiny_model_dir,
                                               value_head=True)
     base = config(tiny_model_dir, tmp_path, "run")
     key = rm_cache.fit_key(base, policy)

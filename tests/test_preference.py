@@ -19,6 +19,7 @@ import torch
 from baselines.infra.checkpoints import find_checkpoint
 from baselines.infra.metrics import read_metrics
 from baselines.learners import madpo, marlhf
+from baselines.rl import reward_model
 from baselines.rl.preference import (
     Pair,
     PairBuffer,
@@ -162,7 +163,7 @@ def test_reward_model_learns_a_synthetic_preference(tiny_model_dir):
     from agents import LoraSettings, MultiAgentPolicy
 
     torch.manual_seed(0)
-    policy = MultiAgentPolicy.from_pretrained(["writer", marlhf.REWARD_MODEL], tiny_model_dir, value_head=True,
+    policy = MultiAgentPolicy.from_pretrained(["writer", reward_model.REWARD_MODEL], tiny_model_dir, value_head=True,
                                               lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False)
     policy.train()
     rng = np.random.default_rng(0)
@@ -176,10 +177,10 @@ def test_reward_model_learns_a_synthetic_preference(tiny_model_dir):
 
     train, test = [pair(i) for i in range(48)], [pair(i) for i in range(48, 80)]
     config = marlhf.Config(rm_batch_pairs=8, max_grad_norm=1.0)
-    optimizer = policy.optimizer(marlhf.REWARD_MODEL, lr=3e-3)
-    before = marlhf.rm_accuracy(policy, test, ["writer"], 16)
-    stats = marlhf.train_reward_model(policy, optimizer, train, ["writer"], config, rng, epochs=4)
-    after = marlhf.rm_accuracy(policy, test, ["writer"], 16)
+    optimizer = policy.optimizer(reward_model.REWARD_MODEL, lr=3e-3)
+    before = reward_model.rm_accuracy(policy, test, ["writer"], 16)
+    stats = reward_model.train_reward_model(policy, optimizer, train, ["writer"], config, rng, epochs=4)
+    after = reward_model.rm_accuracy(policy, test, ["writer"], 16)
     assert math.isfinite(stats["losses/reward_model"])
     assert after >= 0.9 and after > before, (before, after)
 
@@ -252,7 +253,7 @@ def test_marlhf_smoke(tiny_model_dir, tmp_path, iterative, rl, varied_writing_re
                   rl_learner=rl, **extra)
     result = marlhf.main(config)
     if rl == "magrpo":
-        assert_trained(result, config.run_dir(), ["brief", "detailed", marlhf.REWARD_MODEL])
+        assert_trained(result, config.run_dir(), ["brief", "detailed", reward_model.REWARD_MODEL])
         assert "pref/learned_reward" in result and "reward/total" in result and "losses/reward_model" in result
         return
     # PPO / MAAC: the reward model is trained first (<run>/reward_model), the learner's run is <run>/rl.
@@ -273,7 +274,7 @@ def test_learned_reward_vec_replaces_the_rewards_and_keeps_the_task_infos():
         seen.update(responses)
         return np.array([0.25, -1.0])
 
-    wrapped = marlhf.LearnedRewardVec(venv, scorer, {a: 0 for a in venv.possible_agents},
+    wrapped = reward_model.LearnedRewardVec(venv, scorer, {a: 0 for a in venv.possible_agents},
                                       {a: [0] for a in venv.possible_agents})
     wrapped.reset(seed=[0, 1])
     actions = {a: ["A short summary.", "Another one, a bit longer."] for a in venv.possible_agents}

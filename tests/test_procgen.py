@@ -370,9 +370,9 @@ def test_difficulty_levels_change_the_instances():
 
 
 def test_first_turn_observation_cache_is_bounded(monkeypatch):
-    from llm_envs.core import base
+    from llm_envs.core import observations
 
-    monkeypatch.setattr(base, "OBS_CACHE_SIZE", 6)
+    monkeypatch.setattr(observations, "OBS_CACHE_SIZE", 6)
     env = llm_envs.make("planning/plan-path-easy-v0")
     for seed in range(10):
         env.reset(seed=seed)
@@ -391,7 +391,7 @@ def test_instance_random_draws_only_with_random():
 
 
 def test_the_sudoku_prompts_format_example_never_is_the_solution():
-    from llm_envs.tasks.puzzle import _example_grid
+    from llm_envs.tasks.sudoku import _example_grid
 
     pattern = "1234\n3412\n2341\n4123"
     solution = tuple(int(d) for d in pattern if d.isdigit())

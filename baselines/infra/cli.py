@@ -236,14 +236,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     env = llm_envs.make(env_id, **env_kwargs)
     agents, max_new_tokens = list(env.possible_agents), args.max_new_tokens or env.max_new_tokens
     adapters = {a: a for a in agents}
-    if learner == "cory":
-        from baselines.learners.cory import MODELS, role_assignment
-
-        # The roles each model played at the end of training.
-        adapters = role_assignment(max(int(trainer["step"]) - 1, 0), agents, int(saved["swap_every"]))
-        models = list(MODELS)
-    else:
-        models = agents
+    models = agents
+    if "adapters" in trainer.get("extra", {}):
+        # The models a learner trained, each in the role it played at the end of training (CORY swaps them).
+        adapters, models = dict(trainer["extra"]["adapters"]), list(trainer["extra"]["models"])
+    elif learner == "cory":
+        raise CheckpointError(f"{checkpoint} is a CORY checkpoint of llm-envs < 0.2.0, which does not record "
+                              "the roles its models played last; evaluate it with llm-envs 0.1.0")
     # A team: each agent on its base and with its LoRA settings, as the learner built it (its config's
     # model_of and lora_of: a mapping only where agents differ).
     bases: str | dict[str, str | None] | None = {m: team_models.get(m, model) for m in models} if team_models else model
@@ -252,7 +251,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if any(settings != lora for settings in own.values()):
         lora = own
     if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
-        from baselines.rl.critic import CRITIC, with_critic
+        from baselines.infra.config import CRITIC, with_critic
 
         # The critic sits on the first model's base (MAAC: or its --critic-model), at the run's LoRA settings.
         bases = with_critic(bases, models, saved.get("critic_model"))

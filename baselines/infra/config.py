@@ -12,6 +12,9 @@ no docstring: tyro keeps the ``--help`` text written here and renders everything
                    ``--resume`` and W&B: the learners run by :mod:`baselines.infra.run` (MAGRPO, PPO, CORY)
 =================  ===========================================================================
 
+It also names the central critic's adapter (``CRITIC``) and the base it sits on (``with_critic``), which
+the learners and ``llm-envs eval`` both read.
+
 >>> from baselines.learners.magrpo import Config
 >>> Config(temperature=0).temperature
 Traceback (most recent call last):
@@ -115,6 +118,31 @@ def parse_agent_models(entries: Any) -> dict[str, str]:
         if agent in out:
             raise ValueError(f"agent_models names agent {agent!r} twice")
         out[agent] = model
+    return out
+
+
+CRITIC = "critic"
+"""The critic's adapter name in the policy (an env agent or a model may not use it)."""
+
+
+def with_critic(
+    models: str | Mapping[str, str | None] | None, agents: Sequence[str], critic_model: str | None = None
+) -> str | dict[str, str | None] | None:
+    """The models of a policy with a central critic: ``models`` (one model for every agent, or agent ->
+    model in a team) plus the critic's, ``critic_model`` or by default the first agent's base. One
+    model stays one when the critic shares it.
+
+    >>> with_critic("m", ["a", "b"]), with_critic({"a": "m", "b": "n"}, ["a", "b"])
+    ('m', {'a': 'm', 'b': 'n', 'critic': 'm'})
+    >>> with_critic(None, ["a", "b"], "c")
+    {'a': None, 'b': None, 'critic': 'c'}
+    """
+    first = models[agents[0]] if isinstance(models, Mapping) else models
+    critic = first if critic_model is None else critic_model
+    if not isinstance(models, Mapping) and critic == models:
+        return models
+    out = dict(models) if isinstance(models, Mapping) else dict.fromkeys(agents, models)
+    out[CRITIC] = critic
     return out
 
 

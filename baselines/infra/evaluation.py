@@ -142,3 +142,22 @@ def eval_table(result: Mapping[str, Any]) -> list[str]:
     for name in sorted(set(before) & set(after), key=lambda n: (n != "total", n)):
         lines.append(f"{name:<{width}} {before[name]:8.3f} {after[name]:8.3f}")
     return lines
+
+
+def summary(result: Mapping[str, Any]) -> str:
+    """Closing lines of a run: eval reward before and after per component, the last training reward and
+    where the plot and the run are (what ``llm-envs train`` prints for MAGRPO, MAAC, MADPO and MARLHF).
+
+    >>> print(summary({"eval_before/total": 0.1, "eval/total": 0.4, "reward/total": 0.35, "run_dir": "runs/a"}))
+    eval           before    after
+    total           0.100    0.400
+    last training reward 0.350
+    run:  runs/a
+    """
+    lines = eval_table(result)
+    if "reward/total" in result:
+        lines.append(f"last training reward {result['reward/total']:.3f}")
+    if "plot" in result:
+        lines.append(f"plot: {result['plot']}")
+    lines.append(f"run:  {result.get('run_dir')}")
+    return "\n".join(lines)

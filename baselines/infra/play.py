@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from baselines.infra import distributed
-from baselines.rl.tensors import pad_actions, strip_left_padding
+from baselines.infra.rows import pad_actions, strip_left_padding
 
 
 def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:

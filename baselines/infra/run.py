@@ -265,6 +265,10 @@ class Run:
             return None
         if self.extra_state is not None:
             self.extra.update(self.extra_state())
+        if self.adapters is not None:  # who played which role last (CORY swaps them): what `llm-envs eval` loads
+            players = self.adapters(max(step - 1, 0))
+            self.extra["adapters"] = dict(players)
+            self.extra["models"] = [m for m in self.policy.agents if m in players.values()]
         return BoundaryState(step=step, policy=self.policy, optimizers=self.optimizers, rng=self.rng, extra=self.extra)
 
     def _before_step(self, agent: str, _optimizer: Any, _args: Any, _kwargs: Any) -> None:

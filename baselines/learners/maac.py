@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from baselines.infra import distributed
-from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges, with_critic
+from baselines.infra.evaluation import summary
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
 from baselines.rl.critic import (
-    CRITIC,
     CriticReader,
     central_context,
     central_forward,
@@ -53,7 +53,6 @@ from baselines.rl.critic import (
     critic_values,
     row_chunks,
     value_loss,
-    with_critic,
 )
 from baselines.rl.policy_gradient import discounted_returns, kl_penalized, response_kl, update_agent
 
@@ -70,6 +69,9 @@ class Config(LearnerConfig):
     of ``llm-envs train maac``."""
 
     learner: ClassVar[str] = LEARNER
+    micro_batch_size: ClassVar[int] = 0
+    """Rows per pass of the actors' update (baselines.rl.policy_gradient.update_agent): all of a turn's,
+    within the --micro-batch-tokens budget."""
 
     num_problems: int = 2
     """B: problems per iteration."""
@@ -127,21 +129,6 @@ class Config(LearnerConfig):
                 f"num_problems={self.num_problems} cannot be shared among {world_size} processes; every "
                 f"process needs at least one problem per iteration (num_problems >= {world_size})"
             )
-
-    def actor_config(self) -> Any:
-        """The settings magrpo's rollout and actor update read (baselines.rl.policy_gradient.update_agent)."""
-        from baselines.learners.magrpo import Config as MAGRPOConfig
-
-        return MAGRPOConfig(
-            env=self.env, num_turns=self.num_turns, seed=self.seed, num_problems=self.num_problems,
-            num_generations=self.num_generations, max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, learning_rate=self.learning_rate,
-            num_epochs=self.num_epochs, clip_eps=self.clip_eps, loss_aggregation=self.loss_aggregation,
-            max_grad_norm=self.max_grad_norm, baseline="none", gamma=self.gamma,
-            logprob_temperature=self.logprob_temperature, micro_batch_tokens=self.micro_batch_tokens,
-            agent_models=self.agent_models, agent_settings=self.agent_settings, kl_coef=self.kl_coef,
-            kl_in=self.kl_in,
-        )
 
 
 # ----------------------------------------------------------------------------------------- critic
@@ -251,6 +238,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     (baselines/infra/distributed.py). Only rank 0 evaluates, logs, plots and writes checkpoints. Ctrl-C saves
     the last finished iteration; ``--resume`` continues from the newest checkpoint."""
     from agents import LoraSettings, MultiAgentPolicy
+    from llm_envs.core.registry import spec
     from llm_envs.core.vector import VectorEnv
 
     run = Run.begin(config)  # threads, processes, run directory, seeds
@@ -285,7 +273,9 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     optimizers[CRITIC] = policy.optimizer(CRITIC, lr=config.critic_learning_rate)
-    actor_config = config.actor_config()
+    if spec(config.env).protocol == "sequential":
+        raise ValueError(f"MAAC plays parallel episodes (every agent acts at once each turn); {config.env!r} is "
+                         "sequential (its agents act in order)")
     run.resume(policy, optimizers)
     run.start(policy, optimizers, env_kwargs=env_kwargs, weights="actor and critic weights")
 
@@ -297,7 +287,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
             problems = run.draw_problems(n_train, config.num_problems)
             options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
             seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
-            turns = rollout(policy, venv, seeds, options, actor_config, positions if per_problem else None, iteration)
+            turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
             t_rollout = time.perf_counter() - t0
             distributed.check_equal(len(turns), "turns per episode")
 
@@ -310,7 +300,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
                 # The team's KL: the agents sample independently, so the joint policy's KL is the sum.
                 team_kl = torch.zeros_like(rewards)
                 for agent in agents:
-                    kl = torch.stack([response_kl(policy, agent, turn.responses[agent], actor_config)
+                    kl = torch.stack([response_kl(policy, agent, turn.responses[agent], config)
                                       for turn in turns], 1)  # (N, turns)
                     team_kl += kl
                     metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
@@ -327,7 +317,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
             )
 
             for agent in agents:
-                stats = update_agent(policy, optimizers[agent], agent, turns, advantages, actor_config)
+                stats = update_agent(policy, optimizers[agent], agent, turns, advantages, config)
                 metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
             critic_stats = update_critic(policy, optimizers[CRITIC], inputs, old_values, returns, config)
             rows = distributed.gather_rows({"returns": returns, "old_values": old_values})
@@ -356,19 +346,6 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     result = run.finish(metrics)
     venv.close()
     return result
-
-
-def summary(result: dict[str, Any]) -> str:
-    """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.infra.evaluation import eval_table
-
-    lines = eval_table(result)
-    if "reward/total" in result:
-        lines.append(f"last training reward {result['reward/total']:.3f}")
-    if "plot" in result:
-        lines.append(f"plot: {result['plot']}")
-    lines.append(f"run:  {result.get('run_dir')}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

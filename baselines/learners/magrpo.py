@@ -369,16 +369,10 @@ def main(config: Config) -> dict[str, float]:
 
 
 def summary(result: dict[str, Any]) -> str:
-    """Closing lines of a run: eval reward before and after per component, and where the plot is."""
-    from baselines.infra.evaluation import eval_table
+    """Closing lines of a run: :func:`baselines.infra.evaluation.summary`."""
+    from baselines.infra.evaluation import summary as closing_lines
 
-    lines = eval_table(result)
-    if "reward/total" in result:
-        lines.append(f"last training reward {result['reward/total']:.3f}")
-    if "plot" in result:
-        lines.append(f"plot: {result['plot']}")
-    lines.append(f"run:  {result.get('run_dir')}")
-    return "\n".join(lines)
+    return closing_lines(result)
 
 
 def apply_preset(name: str, overrides: dict[str, Any] | None = None) -> Config:

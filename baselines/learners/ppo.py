@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 from baselines.infra import distributed, play
-from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import RoleEnvs, check_shared_tokenizer, probe_env
 from baselines.infra.run import Run, mean_over_agents
-from baselines.rl.critic import CRITIC, central_context, central_forward
+from baselines.rl.critic import central_context, central_forward
 from baselines.rl.experience import Experience, make_experience
 from baselines.rl.kl_control import kl_controller
 from baselines.rl.policy_gradient import kl_to_reference

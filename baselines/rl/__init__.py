@@ -7,6 +7,7 @@ experience       PPO's per-token training signal from played turns: rewards, val
 critic           the centralised critic (a value head on its own LoRA adapter)
 kl_control       the weight of PPO's KL penalty (adaptive or fixed)
 preference       preference pairs and the DPO / reward-model losses of MADPO and MARLHF
-tensors          masked means, prompt padding, env actions from responses
+preference_team  MADPO's and MARLHF's settings and team: candidates sampled, pairs gathered, resumed
+tensors          masked means
 ===============  ==============================================================================
 """

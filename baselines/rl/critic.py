@@ -1,11 +1,11 @@
 """The centralised critic: a value head with its own LoRA adapter (``CRITIC``) on the shared frozen base,
-reading every agent's prompt and response. MAAC's critic (baselines/learners/maac.py), and PPO's and CORY's with
-``--critic central`` (baselines/rl/experience.py, baselines/learners/ppo.py).
+reading every agent's prompt and response. MAAC's critic (baselines/learners/maac.py), and PPO's and CORY's
+with ``--critic central`` (baselines/rl/experience.py, baselines/learners/ppo.py). The adapter's name and
+the base it sits on (``with_critic``) are :mod:`baselines.infra.config`'s, where the command line reads them.
 
 =====================  =====================================================================
 ``critic_inputs``      MAAC's view of a joint turn: every agent's prompt then response, in env order
 ``CriticReader``       the same view in the critic's own tokens, for a team of several tokenizers
-``with_critic``        the policy's models with the critic's base (the first agent's, or its own)
 ``check_context``      refuse a joint turn longer than the critic's model has positions
 ``critic_values``      (N,) the critic's estimate after reading such a view
 ``central_context``    PPO/CORY: the other roles' prompts and responses, then the scored role's prompt
@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-CRITIC = "critic"
-"""The critic's adapter name in the policy (an env agent or a model may not use it)."""
+from baselines.infra.config import CRITIC
 
 
 def critic_inputs(
@@ -182,27 +181,6 @@ def check_context(policy: Any, inputs: Sequence[tuple[torch.Tensor, torch.Tensor
             f"prompts (--max-source-words) or responses (--max-new-tokens), or give the critic a model of "
             f"a longer context (--critic-model)"
         )
-
-
-def with_critic(
-    models: str | Mapping[str, str | None] | None, agents: Sequence[str], critic_model: str | None = None
-) -> str | dict[str, str | None] | None:
-    """The models of a policy with a central critic: ``models`` (one model for every agent, or agent ->
-    model in a team) plus the critic's, ``critic_model`` or by default the first agent's base. One
-    model stays one when the critic shares it.
-
-    >>> with_critic("m", ["a", "b"]), with_critic({"a": "m", "b": "n"}, ["a", "b"])
-    ('m', {'a': 'm', 'b': 'n', 'critic': 'm'})
-    >>> with_critic(None, ["a", "b"], "c")
-    {'a': None, 'b': None, 'critic': 'c'}
-    """
-    first = models[agents[0]] if isinstance(models, Mapping) else models
-    critic = first if critic_model is None else critic_model
-    if not isinstance(models, Mapping) and critic == models:
-        return models
-    out = dict(models) if isinstance(models, Mapping) else dict.fromkeys(agents, models)
-    out[CRITIC] = critic
-    return out
 
 
 def critic_values(policy: Any, ids: torch.Tensor, mask: torch.Tensor, adapter: str = CRITIC) -> torch.Tensor:

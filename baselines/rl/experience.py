@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from baselines.infra import distributed
-from baselines.rl.critic import CRITIC
+from baselines.infra.config import CRITIC
 from baselines.rl.tensors import masked_mean
 
 

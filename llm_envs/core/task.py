@@ -198,6 +198,44 @@ class CollectiveReward:
         return dict.fromkeys(self.roles, float(total))
 
 
+def check_single_turn(task: object, context: Context) -> None:
+    """Refuse an episode of more than one turn for a single-turn task."""
+    if context.num_turns != 1:
+        raise ValueError(
+            f"{type(task).__name__} is a single-turn task, got num_turns={context.num_turns}: make "
+            "the env with num_turns=1."
+        )
+
+
+NO_RESPONSE = Response(ids=(), text="")
+"""What a role has said before it acted (an AEC env may be observed at any time): nothing."""
+
+
+class PioneerObserver(CollectiveReward):
+    """Mixin for CORY's pair of roles on a single-turn task: the ``pioneer`` reads the single-agent
+    task's ``pioneer_prompt(problem)``, then the ``observer`` reads its own prompt with the pioneer's response
+    spliced in as token ids (:meth:`observer_prompt` gives the text around it), under the sequential
+    protocol; the roles are scored one by one and rewarded together (:class:`CollectiveReward`). Put it
+    before the single-agent task it extends: ``class MyCoryTask(PioneerObserver, MyTask)``.
+    """
+
+    roles: ClassVar[tuple[str, ...]] = ("pioneer", "observer")
+    protocols: ClassVar[tuple[str, ...]] = ("sequential",)
+
+    def observer_prompt(self, problem: Problem) -> tuple[str, str]:
+        """The observer's prompt as the text before and the text after the pioneer's response."""
+        raise NotImplementedError
+
+    def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
+        check_single_turn(self, context)
+        if role == "pioneer":
+            return self.pioneer_prompt(problem)
+        if role != "observer":
+            raise KeyError(f"Unknown role {role!r}; this task's roles are {self.roles}.")
+        before, after = self.observer_prompt(problem)
+        return [before, context.visible.get("pioneer", NO_RESPONSE), after]
+
+
 def format_prompt(template: str, problem: Problem, context: Context) -> str:
     """Fill ``template`` with the problem's fields and the visible responses' texts (by role name)."""
     values = dict(problem)

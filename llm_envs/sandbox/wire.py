@@ -17,12 +17,12 @@ from llm_envs.sandbox.limits import SandboxLimits
 from llm_envs.sandbox.suite import _compiled
 from llm_envs.sandbox.worker import PEER_BROKE as _PEER_BROKE
 from llm_envs.sandbox.worker import PEER_GONE as _PEER_GONE
-from llm_envs.sandbox.worker import decode_value as _decode_value
+from llm_envs.sandbox.worker import DecodeError as _DecodeError
+from llm_envs.sandbox.worker import decode as _decode_tree
 from llm_envs.sandbox.worker import encode as _encode
 
 PROGRAM_FILENAME = "<program>"
 _FRAME_HEADER = struct.Struct(">I")
-_MAX_DECODE_DEPTH = 64
 
 
 class OpaqueValue:
@@ -45,41 +45,22 @@ class OpaqueValue:
         return id(self)
 
 
-class _DecodeError(ValueError):
-    pass
+def _opaque(tag: str, rest: list) -> OpaqueValue:
+    """The hook of :func:`_decode`: an opaque value; a reference (which only a program reads) is malformed here."""
+    if tag != "o":
+        raise _DecodeError(f"unknown value tag {tag!r}")
+    return OpaqueValue(str(rest[0])[:100], str(rest[1])[:200])
 
 
-def _decode(data: Any, depth: int = 0) -> Any:
-    if depth > _MAX_DECODE_DEPTH + 1:
-        raise _DecodeError("value nested too deeply")
-    if data is None or isinstance(data, (bool, str)):
-        return data
-    if not isinstance(data, list) or not data or not isinstance(data[0], str):
-        raise _DecodeError(f"malformed value {str(data)[:80]!r}")
-    tag, rest = data[0], data[1:]
+def _decode(data: Any) -> Any:
+    """A value the program's process sent (the worker's decoder, which it also reads the caller's with):
+    plain data or an :class:`OpaqueValue`; anything malformed a :class:`_DecodeError`."""
     try:
-        if tag == "i":
-            return int(rest[0], 16)
-        if tag == "f":
-            return float(rest[0])
-        if tag == "c":
-            return complex(float(rest[0]), float(rest[1]))
-        if tag == "b":
-            return bytes.fromhex(rest[0])
-        if tag in ("l", "t", "s", "z"):
-            items = [_decode(v, depth + 1) for v in rest[0]]
-            return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](items)
-        if tag == "d":
-            return {_decode(k, depth + 1): _decode(v, depth + 1) for k, v in rest[0]}
-        if tag == "x":
-            return _decode_value(str(rest[0]), str(rest[1]))
-        if tag == "o":
-            return OpaqueValue(str(rest[0])[:100], str(rest[1])[:200])
+        return _decode_tree(data, _opaque)
     except _DecodeError:
         raise
     except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as err:
         raise _DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
-    raise _DecodeError(f"unknown value tag {tag!r}")
 
 
 class _WorkerGone(Exception):

@@ -120,29 +120,47 @@ def encode(value: Any, depth: int = 0, handle: Any = None) -> Any:
     return ["o", type(value).__name__, text]
 
 
-def decode(data: Any, hook: Any = None) -> Any:
-    """Inverse of :func:`encode`; handles and opaque values (tags ``h`` and ``o``) become
-    ``hook(tag, rest)`` (an error without a hook)."""
+class DecodeError(ValueError):
+    """A value that is not what :func:`encode` writes (or nested deeper than it writes)."""
+
+
+DECODE_DEPTH = ENCODE_DEPTH + 1  # the deepest value encode writes: its cut-off marker included
+SCALARS = {"i": lambda r: int(r[0], 16), "f": lambda r: float(r[0]), "c": lambda r: complex(float(r[0]), float(r[1])),
+           "b": lambda r: bytes.fromhex(r[0]), "x": lambda r: decode_value(str(r[0]), str(r[1]))}
+CONTAINERS = {"l": list, "t": tuple, "s": set, "z": frozenset, "d": dict}
+
+
+def decode(data: Any, hook: Any = None, depth: int = 0) -> Any:
+    """Inverse of :func:`encode`, the one decoder of both sides (the caller's, :mod:`llm_envs.sandbox.wire`,
+    reads an untrusted process's values with it): references and opaque values (tags ``h``, ``n``, ``o``,
+    ``p``) become ``hook(tag, rest)``, whose errors pass through as they are; anything else that is not
+    what encode writes raises :class:`DecodeError`."""
+    if depth > DECODE_DEPTH:
+        raise DecodeError("value nested too deeply")
     if data is None or isinstance(data, (bool, str)):
         return data
+    if not isinstance(data, list) or not data or not isinstance(data[0], str):
+        raise DecodeError(f"malformed value {str(data)[:80]!r}")
     tag, rest = data[0], data[1:]
-    if tag == "i":
-        return int(rest[0], 16)
-    if tag == "f":
-        return float(rest[0])
-    if tag == "c":
-        return complex(float(rest[0]), float(rest[1]))
-    if tag == "b":
-        return bytes.fromhex(rest[0])
-    if tag in ("l", "t", "s", "z"):
-        return {"l": list, "t": tuple, "s": set, "z": frozenset}[tag](decode(v, hook) for v in rest[0])
-    if tag == "d":
-        return {decode(k, hook): decode(v, hook) for k, v in rest[0]}
-    if tag == "x":
-        return decode_value(rest[0], rest[1])
     if tag in ("h", "n", "o", "p") and hook is not None:
         return hook(tag, rest)
-    raise ValueError("cannot decode " + repr(tag))
+    if tag not in SCALARS and tag not in CONTAINERS:
+        raise DecodeError(f"unknown value tag {tag!r}")
+    try:
+        if tag in SCALARS:
+            return SCALARS[tag](rest)
+        items = [(k, v) for k, v in rest[0]] if tag == "d" else list(rest[0])
+    except (TypeError, ValueError, IndexError, KeyError, ArithmeticError) as err:
+        raise DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
+    # The items outside the try: a hook's own errors inside a container pass through too.
+    if tag == "d":
+        values: Any = [(decode(k, hook, depth + 1), decode(v, hook, depth + 1)) for k, v in items]
+    else:
+        values = [decode(v, hook, depth + 1) for v in items]
+    try:
+        return CONTAINERS[tag](values)
+    except TypeError as err:  # an unhashable member of a set or key of a dict
+        raise DecodeError(f"malformed value ({type(err).__name__}: {err})") from None
 
 
 def decode_value(kind: str, text: str) -> Any:

@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from llm_envs.core.registry import register
-from llm_envs.core.task import CollectiveReward, Context, Problem, Prompt, Response, Task
+from llm_envs.core.task import Context, PioneerObserver, Problem, Prompt, Task, check_single_turn
 from llm_envs.data import load_rows, package_data_file, seeded_split
 from llm_envs.rewards.math import gsm8k_components, reference_answer
 
@@ -95,7 +95,6 @@ OFFLINE_FILE = ("data", "gsm8k", "test.jsonl")
 OFFLINE_EVAL_FRACTION = 0.2
 OFFLINE_SPLIT_SEED = 0
 
-NO_RESPONSE = Response(ids=(), text="")
 
 
 @functools.lru_cache(maxsize=2)
@@ -167,15 +166,11 @@ class Gsm8kTask(Task):
     def problems(self, split: str) -> Sequence[Problem]:
         return gsm8k_problems(self.source, self.check_split(split), self.data_path)
 
-    def _check_single_turn(self, context: Context) -> None:
-        if context.num_turns != 1:
-            raise ValueError(
-                f"{type(self).__name__} is a single-turn task, got num_turns={context.num_turns}: make "
-                "the env with num_turns=1."
-            )
-
     def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
-        self._check_single_turn(context)
+        check_single_turn(self, context)
+        return self.pioneer_prompt(problem)
+
+    def pioneer_prompt(self, problem: Problem) -> Prompt:
         return ONE_SHOT + QUESTION_TEMPLATE.format(question=problem["question"]) + ANSWER_CUE
 
     def correctness(self, problem: Problem, outputs: Mapping[str, str]) -> dict[str, float]:
@@ -189,7 +184,7 @@ class Gsm8kTask(Task):
         return value, {"correct": value}
 
 
-class Gsm8kCoryTask(CollectiveReward, Gsm8kTask):
+class Gsm8kCoryTask(PioneerObserver, Gsm8kTask):
     """CORY's GSM8K task (``math/gsm8k-cory-v0``): pioneer, then observer with the pioneer's answer as a
     reference; see the module docstring.
 
@@ -197,9 +192,7 @@ class Gsm8kCoryTask(CollectiveReward, Gsm8kTask):
     correctness instead of the collective sum.
     """
 
-    roles: ClassVar[tuple[str, ...]] = ("pioneer", "observer")
     reward_components: ClassVar[tuple[str, ...]] = ("correct_pioneer", "correct_observer")
-    protocols: ClassVar[tuple[str, ...]] = ("sequential",)
     component_prefix: ClassVar[str] = "correct"
     max_reward: ClassVar[float] = 2.0
     description: ClassVar[str] = (
@@ -213,16 +206,8 @@ class Gsm8kCoryTask(CollectiveReward, Gsm8kTask):
         super().__init__(source, data_path)
         self.set_individual_rewards(individual_rewards)
 
-    def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
-        self._check_single_turn(context)
-        question = ONE_SHOT + QUESTION_TEMPLATE.format(question=problem["question"])
-        if role == "pioneer":
-            return question + ANSWER_CUE
-        if role != "observer":
-            raise KeyError(f"Unknown role {role!r}; this task's roles are {self.roles}.")
-        # Before the pioneer has acted (an AEC env may be observed at any time) it has said nothing.
-        pioneer = context.visible.get("pioneer", NO_RESPONSE)
-        return [question + REFERENCE_CUE, pioneer, "\n" + ANSWER_CUE]
+    def observer_prompt(self, problem: Problem) -> tuple[str, str]:
+        return ONE_SHOT + QUESTION_TEMPLATE.format(question=problem["question"]) + REFERENCE_CUE, "\n" + ANSWER_CUE
 
     def role_scores(self, problem: Problem, outputs: Mapping[str, str]) -> dict[str, float]:
         return self.correctness(problem, outputs)

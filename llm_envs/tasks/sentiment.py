@@ -85,7 +85,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from llm_envs.core.registry import register
-from llm_envs.core.task import CollectiveReward, Context, Problem, Prompt, Response, Task
+from llm_envs.core.task import Context, PioneerObserver, Problem, Prompt, Task, check_single_turn
 from llm_envs.data import load_rows, package_data_file, seeded_split
 from llm_envs.rewards.sentiment import VADER, ClassifierScorer, VaderScorer
 
@@ -138,7 +138,6 @@ def query_length(query_seed: int, row_index: int) -> int:
     rng = np.random.default_rng([query_seed, row_index])
     return int(rng.integers(QUERY_MIN_WORDS, QUERY_MAX_WORDS + 1))
 
-NO_RESPONSE = Response(ids=(), text="")
 
 
 @functools.lru_cache(maxsize=2)
@@ -236,15 +235,11 @@ class ImdbTask(Task):
     def problems(self, split: str) -> Sequence[Problem]:
         return imdb_problems(self.source, self.check_split(split), self.data_path, self.query_seed)
 
-    def _check_single_turn(self, context: Context) -> None:
-        if context.num_turns != 1:
-            raise ValueError(
-                f"{type(self).__name__} is a single-turn task, got num_turns={context.num_turns}: make "
-                "the env with num_turns=1."
-            )
-
     def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
-        self._check_single_turn(context)
+        check_single_turn(self, context)
+        return self.pioneer_prompt(problem)
+
+    def pioneer_prompt(self, problem: Problem) -> Prompt:
         return problem["query"]
 
     def sentiments(self, problem: Problem, outputs: Mapping[str, str]) -> dict[str, float]:
@@ -262,16 +257,14 @@ class ImdbTask(Task):
         return value, {"sentiment": value}
 
 
-class ImdbCoryTask(CollectiveReward, ImdbTask):
+class ImdbCoryTask(PioneerObserver, ImdbTask):
     """CORY's IMDB task (``sentiment/imdb-cory-v0``): pioneer, then observer; see the module docstring.
 
     Args: those of :class:`ImdbTask`, plus ``individual_rewards``: give each agent its own sentiment
     instead of the collective sum.
     """
 
-    roles: ClassVar[tuple[str, ...]] = ("pioneer", "observer")
     reward_components: ClassVar[tuple[str, ...]] = ("sentiment_pioneer", "sentiment_observer")
-    protocols: ClassVar[tuple[str, ...]] = ("sequential",)
     component_prefix: ClassVar[str] = "sentiment"
     description: ClassVar[str] = (
         "IMDB (CORY): the pioneer continues a review's opening words, the observer rewrites it more "
@@ -290,16 +283,8 @@ class ImdbCoryTask(CollectiveReward, ImdbTask):
         super().__init__(scorer, positive_label, source, data_path, query_seed)
         self.set_individual_rewards(individual_rewards)
 
-    def prompt(self, role: str, problem: Problem, context: Context) -> Prompt:
-        self._check_single_turn(context)
-        query = problem["query"]
-        if role == "pioneer":
-            return query
-        if role != "observer":
-            raise KeyError(f"Unknown role {role!r}; this task's roles are {self.roles}.")
-        # Before the pioneer has acted (an AEC env may be observed at any time) it has said nothing.
-        pioneer = context.visible.get("pioneer", NO_RESPONSE)
-        return [OBSERVER_PREFIX + query, pioneer, OBSERVER_MIDDLE + query]
+    def observer_prompt(self, problem: Problem) -> tuple[str, str]:
+        return OBSERVER_PREFIX + problem["query"], OBSERVER_MIDDLE + problem["query"]
 
     def role_scores(self, problem: Problem, outputs: Mapping[str, str]) -> dict[str, float]:
         return self.sentiments(problem, outputs)

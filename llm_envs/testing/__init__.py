@@ -7,32 +7,10 @@ how to fix the usual causes. ``check_task(task, **env_kwargs)`` does the same fo
 The suite's own contract tests (tests/test_env_contract.py) are these calls on every registered id.
 Nothing here imports torch or pytest (the pytest helpers import it when called).
 
-=======================  ==========================================================================
-check                    what must hold
-=======================  ==========================================================================
-pettingzoo_parallel      PettingZoo's ``parallel_api_test`` (parallel protocol)
-pettingzoo_aec           PettingZoo's ``api_test``: the sequential env, ``parallel_to_aec`` of the parallel one
-pettingzoo_seed          PettingZoo's ``parallel_seed_test`` and ``seed_test``
-pettingzoo_render        PettingZoo's ``render_test``
-pettingzoo_max_cycles    PettingZoo's ``max_cycles_test`` (parallel tasks of 6+ turns)
-spaces                   observations in their spaces, int64 ids / int8 mask, left padding with the pad id,
-                         ``env.text(agent)`` their decoding: sampled problems of both splits, a whole episode
-state                    ``state()`` / ``state_space`` (the global state): layout and padding, the problem and each
-                         turn's responses, deterministic, ``dict`` and ``flat`` agree, PettingZoo's ``state_test``
-infos                    numbers only, the same keys and types at reset and after every step
-determinism              same seed and actions: same observations, rewards, infos, transcript (whole episode)
-options                  ``task_index`` pins the problem whatever the seed; ``split``; a bad index raises
-text_vs_ids              a ``str`` action and its token ids (junk after EOS) give the same response and reward
-bad_actions              empty and junk responses get a finite reward; out-of-range / overlong / float / 2-D /
-                         ``None`` actions and wrong agent keys raise naming the agent and change nothing
-reward_bounds            finite float rewards within the task's ``[min_reward, max_reward]`` where declared
-token_mode               ``step_unit="token"`` ends every turn exactly as whole responses do (states included)
-render                   ``"ansi"`` returns the transcript (every prompt and response), ``"human"`` prints it
-copy                     ``deepcopy`` and ``pickle`` mid-episode continue identically; a pickle is small
-vector                   each row of ``make_vec`` (and of its ``state()``) is what a single env with its seed and
-                         actions gives
-truncation               ``max_cycles < num_turns`` truncates after ``max_cycles`` turns
-=======================  ==========================================================================
+The checks, in the order they run (this table is made at import from each check's own description,
+which ``describe_checks()`` and every report give too):
+
+{checks}
 
 A check that does not apply is skipped with its reason (a single-turn task has no truncation, an
 env *object* cannot be rebuilt in token mode: pass its id, or the task to :func:`check_task`).
@@ -61,9 +39,12 @@ from __future__ import annotations
 from typing import Any
 
 from llm_envs.core.task import Task
-from llm_envs.testing.checks import CHECKS, PETTINGZOO_CHECKS, Subject, describe_checks, run_checks
+from llm_envs.testing.checks import CHECKS, PETTINGZOO_CHECKS, Subject, checks_table, describe_checks, run_checks
 from llm_envs.testing.episodes import assert_same, first_difference, play, prompt_ids, random_actions
 from llm_envs.testing.report import CheckReport, EnvCheckError
+
+if __doc__:  # the table of the checks, from their own descriptions (absent under python -OO)
+    __doc__ = __doc__.replace("{checks}", checks_table())
 
 __all__ = [
     "CHECKS",

@@ -1,6 +1,0 @@
-"""Moved to :mod:`baselines.infra.evaluation` (the machinery of a run): this path works, with a
-DeprecationWarning, for one release."""
-
-from baselines._moved import moved
-
-__getattr__ = moved(__name__, "baselines.infra.evaluation")
