@@ -155,6 +155,7 @@ class FusedDecoder:
         self.head_dim = int(getattr(config, "head_dim", None) or hidden // self.num_heads)
         self.eps = float(config.rms_norm_eps)
         self._fused: list[dict[str, _Projection]] | None = None
+        self._fused_at: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ weights
     def _fuse(self, modules: list[Any]) -> _Projection:
@@ -182,13 +183,8 @@ class FusedDecoder:
     def _weights(self) -> list[dict[str, _Projection]]:
         layers = self.causal_lm.model.layers
         fused = self._fused
-        if fused is not None and not self.trainable_base:
-            q = _base(layers[0].self_attn.q_proj).weight
-            down = _base(layers[-1].mlp.down_proj).weight
-            if q.data_ptr() == fused[0]["qkv"].weight.data_ptr() and down.data_ptr() == fused[-1][
-                "down"
-            ].weight.data_ptr():
-                return fused
+        if fused is not None and not self.trainable_base and self._fused_at == self._weight_pointers():
+            return fused
         fused = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -207,7 +203,16 @@ class FusedDecoder:
                     if len(proj.modules) == 1:
                         proj.weight = _base(proj.modules[0]).weight.detach()
             self._fused = fused
+            self._fused_at = self._weight_pointers()
         return fused
+
+    def _weight_pointers(self) -> tuple[int, ...]:
+        """Where every projection's base weight of every layer lives: the fused weights are current
+        while these are unchanged (a weight replaced anywhere, ``model.to(...)`` or a loaded layer,
+        changes one; an in-place update reaches the fused weights through the views)."""
+        return tuple(_base(m).weight.data_ptr() for layer in self.causal_lm.model.layers
+                     for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                               layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj))
 
     def _own_weights(self) -> None:
         """Give the weights that were not fused their own memory too. A model loaded from safetensors
