@@ -103,8 +103,9 @@ class StaticDecode:
         # The adapters' factors in the base's precision on a GPU (bf16 matmuls; float32 ones without TF32
         # took 60-75% of an H100's step), in float32 on the CPU as the dynamic loop (bf16 bmm is slow there).
         lora_dtype = dtype if device.type == "cuda" else torch.float32
-        self.loras = [{k: None if v is None else (v[0].to(lora_dtype), v[1].to(lora_dtype)) for k, v in layer.items()}
-                      for layer in loras]
+        # Buffers of their own (copies): the engine's stacks are kept between calls and must not change here.
+        self.loras = [{k: None if v is None else (v[0].to(lora_dtype, copy=True), v[1].to(lora_dtype, copy=True))
+                       for k, v in layer.items()} for layer in loras]
         hidden = int(engine.causal_lm.config.hidden_size)
         self.last = torch.zeros(n, hidden, dtype=dtype, device=device)
         self.position = torch.zeros(n, dtype=torch.long, device=device)

@@ -304,6 +304,65 @@ def test_qwen2_biases_and_grouped_heads(tokenizer):
     assert_both_near_exact(policy, twin, "main", episode(tokenizer))
 
 
+def test_lora_stacks_are_kept_until_an_adapter_changes_and_pass_gradients_exactly(tokenizer, monkeypatch):
+    """The stacked LoRA factors are built once per adapter layout, not every pass, and rebuilt when an
+    adapter changes (an optimizer step, in place; a replaced weight); gradients through the kept stacks
+    equal, bit for bit, those of stacking with differentiable ops in every pass (as before the cache).
+    Blocks helper, main, helper: one adapter in two blocks sums its two parts."""
+    from agents.decoder import Block, FusedDecoder
+
+    policy = make_policy(tokenizer)
+    engine = policy.engine
+    p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
+    ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
+    blocks = [Block("helper", 1), Block("main", 1), Block("helper", 1)]
+    keep = torch.arange(p_ids.shape[1] - 1, ids.shape[1] - 1, device=ids.device)
+    params = [p for agent in AGENTS for p in policy.parameters(agent, value_head=False)]
+    builds = []
+
+    def counted(proj, pairs, dtype):
+        builds.append(proj)
+        return FusedDecoder._stack_lora(proj, pairs, dtype)
+
+    def grads() -> list[torch.Tensor]:
+        for p in params:
+            p.grad = None
+        engine.hidden_states(ids, mask, blocks, keep).square().sum().backward()
+        return [p.grad.clone() for p in params]
+
+    monkeypatch.setattr(engine, "_stack_lora", counted)
+    engine.__dict__.pop("_lora_cache", None)
+    cached = grads()
+    projections = len(builds)
+    assert projections == 4 * len(engine.causal_lm.model.layers)  # qkv, o, gate_up, down of each layer
+    assert all(torch.equal(a, b) for a, b in zip(grads(), cached)) and len(builds) == projections  # kept
+
+    def every_pass(proj, blocks, dtype):  # the stacks built with differentiable ops in every pass
+        pairs = [[engine._adapter(m, b.adapter) for m in proj.modules] for b in blocks]
+        return FusedDecoder._stack_lora(proj, pairs, dtype)[0]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "_lora", every_pass)
+        rebuilt = grads()
+    assert all(g.abs().max() > 0 for g in cached)
+    for a, b in zip(cached, rebuilt, strict=True):
+        assert torch.equal(a, b)
+
+    torch.optim.SGD(policy.parameters("main", value_head=False), lr=0.1).step()  # in place: the versions move
+    with torch.no_grad():
+        after_step = engine.hidden_states(ids, mask, blocks, keep)
+    assert len(builds) == 2 * projections
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "_lora", every_pass)
+        with torch.no_grad():
+            torch.testing.assert_close(engine.hidden_states(ids, mask, blocks, keep), after_step, rtol=0, atol=0)
+    lora_a = engine.causal_lm.model.layers[0].mlp.down_proj.lora_A["helper"]
+    lora_a.weight = torch.nn.Parameter(lora_a.weight.detach() + 1.0)  # replaced: another tensor
+    with torch.no_grad():
+        engine.hidden_states(ids, mask, blocks, keep)
+    assert len(builds) == 2 * projections + 1  # that projection's stacks only
+
+
 def test_lora_dropout_gradient_passes_keep_peft(tokenizer):
     policy = make_policy(tokenizer, lora=LoraSettings(rank=4, dropout=0.1))
     batch = episode(tokenizer)

@@ -337,6 +337,75 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path, aggr
         assert result_micro[key] == pytest.approx(result_full[key], rel=1e-4, abs=1e-6), key
 
 
+def test_update_micro_batches_do_not_read_the_device_and_update_as_before(tiny_model_dir, tmp_path, monkeypatch,
+                                                                          device):
+    """The update checks each turn's rows, finds their repeated prompts and copies the advantages once; its
+    micro-batches then score slices of those (policy.logprobs_of) without waiting for the device, and the
+    update equals, bit for bit, scoring every micro-batch with policy.logprobs (checks and search repeated).
+    Under --device cuda the micro-batches' passes run with CUDA's synchronisation check set to raise."""
+    from agents import LoraSettings, MultiAgentPolicy
+    from agents import policy as policy_module
+    from agents import scoring as scoring_module
+    from baselines.infra.play import Turn
+    from baselines.rl.policy_gradient import update_agent
+
+    agents = ["brief", "detailed"]
+    config = tiny_config(tiny_model_dir, tmp_path, micro_batch_size=3, num_epochs=2, kl_coef=0.1, kl_in="loss")
+    policy = MultiAgentPolicy.from_pretrained(agents, tiny_model_dir, lora=LoraSettings(rank=4), dtype="float32",
+                                              device=str(device))
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 2000, (2, 6), generator=gen)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[1, :2] = 0
+    joint = policy.generate_joint({a: (prompts, prompt_mask) for a in agents}, 4, max_new_tokens=6, seeds=[1, 2])
+    turns = [Turn(prompts={}, responses=joint, rewards={}, infos={})]
+    advantages = torch.randn(8, 1, generator=gen)  # 2 problems x 4 samples: micro-batches of 3 rows straddle them
+    start = {a: [p.detach().clone() for p in policy.parameters(a)] for a in agents}
+
+    def update() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p, p0 in zip(policy.parameters("brief"), start["brief"], strict=True):
+                p.copy_(p0)
+        update_agent(policy, policy.optimizer("brief", lr=1e-2), "brief", turns, advantages, config)
+        return [p.detach().clone() for p in policy.parameters("brief")]
+
+    calls = {"check_rows": 0, "row_numbers": 0, "distinct_rows": 0}  # each reads the device
+
+    def counting(name, real):
+        def spy(*args):
+            calls[name] += 1
+            return real(*args)
+
+        return spy
+
+    for module, name in ((policy_module, "check_rows"), (scoring_module, "row_numbers"),
+                         (scoring_module, "distinct_rows")):
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    real_of = policy.logprobs_of
+
+    def quiet(*args, **kwargs):  # on CUDA: any synchronisation in a micro-batch's pass raises
+        if device.type != "cuda":
+            return real_of(*args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_of(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(policy, "logprobs_of", quiet)
+    new = update()
+    # One turn: its prompts and responses checked once and its prompts numbered once for 3 micro-batches x 2
+    # epochs; the rest is the reference's pass (kl_in="loss"), once an update through policy.ref_logprobs.
+    assert calls == {"check_rows": 2 + 2 * 3, "row_numbers": 1, "distinct_rows": 3}, calls
+    monkeypatch.setattr(policy, "logprobs_of", lambda agent, r, temperature: policy.logprobs(
+        agent, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, temperature=temperature))
+    old = update()
+    assert any(not torch.equal(a, b) for a, b in zip(new, start["brief"]))  # it trained
+    for a, b in zip(new, old, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_update(
     tiny_model_dir, tmp_path, monkeypatch
 ):

@@ -616,6 +616,12 @@ class AgentPerDevicePolicy:
     def forward(self, agent: str, *args: Any, **kwargs: Any) -> Any:
         return self._of(agent).forward(agent, *args, **kwargs)
 
+    def checked_rows(self, agent: str, *args: Any) -> Any:
+        return self._of(agent).checked_rows(agent, *args)
+
+    def logprobs_of(self, agent: str, rows: Any, **kwargs: Any) -> torch.Tensor:
+        return self._of(agent).logprobs_of(agent, rows, **kwargs)
+
     def logprobs(self, agent: str, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self._of(agent).logprobs(agent, *args, **kwargs)
 

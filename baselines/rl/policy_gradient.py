@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from agents.rows import to_device
 from baselines.infra import distributed
 from baselines.infra.play import Turn
 from baselines.rl.tensors import masked_mean
@@ -233,6 +234,14 @@ def update_agent(
         return (values * mask.to(values.dtype)).sum() / max(tokens[t], 1.0)
 
     ref = [reference_logprobs(policy, agent, turn.responses[agent], config) for turn in turns] if kl_loss else []
+    # Each turn's rows checked and placed once, and the advantages copied once: in the micro-batch loop
+    # below nothing waits for the device (each check, search for repeated prompts or copy from pageable
+    # memory would, before the backward is queued).
+    rows = [policy.checked_rows(agent, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask)
+            if len(g.response_mask) else None for g in (turn.responses[agent] for turn in turns)]
+    placed = [r for r in rows if r is not None]
+    if placed:
+        advantages = to_device(advantages, placed[0].response_ids.device)
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
@@ -246,11 +255,10 @@ def update_agent(
             denominator = None if denominators is None else denominators[t]
             turn_pg = turn_kl = turn_clip = torch.zeros((), dtype=torch.float64)
             for c in row_slices(gen, config):
-                logprobs = policy.logprobs(
-                    agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
-                    temperature=config.scoring_temperature(agent),
-                )
-                mask = gen.response_mask[c]
+                part = rows[t]
+                assert part is not None  # a turn without rows has no slices
+                logprobs = policy.logprobs_of(agent, part[c], temperature=config.scoring_temperature(agent))
+                mask = part.response_mask[c]
                 # On the first epoch the sampling policy is the current one: the plain policy gradient
                 # (ratio 1) is exact; later epochs need the ratio to the sampling-time policy, whose
                 # log-probs are the first epoch's own (the same forward; the decode-time log-probs
@@ -258,7 +266,7 @@ def update_agent(
                 old = first_epoch[(t, c.start)] if epoch > 0 else None
                 if epoch == 0 and config.num_epochs > 1:
                     first_epoch[(t, c.start)] = logprobs.detach()
-                adv = advantages[c, t].to(logprobs.device)
+                adv = advantages[c, t]
                 pg = policy_gradient_loss(
                     logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
                 )
