@@ -183,8 +183,11 @@ class FusedDecoder:
     def _weights(self) -> list[dict[str, _Projection]]:
         layers = self.causal_lm.model.layers
         fused = self._fused
-        if fused is not None and not self.trainable_base and self._fused_at == self._weight_pointers():
-            return fused
+        if fused is not None and not self.trainable_base:
+            # Traced by torch.compile, the pointers cannot be compared: a compiled caller runs a pass (or
+            # this) eagerly first, and the weights do not change within its call.
+            if torch.compiler.is_compiling() or self._fused_at == self._weight_pointers():
+                return fused
         fused = []
         for layer in layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -252,6 +255,8 @@ class FusedDecoder:
         params = [t for row in pairs for pair in row if pair is not None for t in pair[:2]]
         if not params:
             return None
+        if torch.compiler.is_compiling():  # inside a compiled graph the stacking ops cost no launches
+            return self._stack_lora(proj, pairs, dtype)[0]
         key = (id(proj), tuple(b.adapter for b in blocks), dtype)
         stamp = (tuple((p.data_ptr(), p._version) for p in params),
                  tuple(pair[2] for row in pairs for pair in row if pair is not None))
@@ -274,7 +279,7 @@ class FusedDecoder:
     ) -> tuple[LoraStack, list[tuple[int, int, int, int, int, int, float]]]:
         """The stacks of :meth:`_lora` and where each adapter sits in them: (block, index of A in the
         parameters, rank offset, rank, output offset, output size, scaling) per (block, module) pair."""
-        rank_of = [max((int(row[j][0].shape[0]) for row in pairs if row[j] is not None), default=0)
+        rank_of = [max([0, *(int(row[j][0].shape[0]) for row in pairs if row[j] is not None)])
                    for j in range(len(proj.modules))]
         n_in = proj.weight.shape[1]
         device = proj.weight.device
