@@ -27,6 +27,7 @@ that needs the host), before a GPU ever captures it.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -102,8 +103,9 @@ class StaticDecode:
         # The adapters' factors in the base's precision on a GPU (bf16 matmuls; float32 ones without TF32
         # took 60-75% of an H100's step), in float32 on the CPU as the dynamic loop (bf16 bmm is slow there).
         lora_dtype = dtype if device.type == "cuda" else torch.float32
-        self.loras = [{k: None if v is None else (v[0].to(lora_dtype), v[1].to(lora_dtype)) for k, v in layer.items()}
-                      for layer in loras]
+        # Buffers of their own (copies): the engine's stacks are kept between calls and must not change here.
+        self.loras = [{k: None if v is None else (v[0].to(lora_dtype, copy=True), v[1].to(lora_dtype, copy=True))
+                       for k, v in layer.items()} for layer in loras]
         hidden = int(engine.causal_lm.config.hidden_size)
         self.last = torch.zeros(n, hidden, dtype=dtype, device=device)
         self.position = torch.zeros(n, dtype=torch.long, device=device)
@@ -120,8 +122,21 @@ class StaticDecode:
         self.graph: torch.cuda.CUDAGraph | None = None
         # Compiled (inductor: the element-wise ops of norms, RoPE, casts, SiLU and sampling fused into few
         # kernels), the step launches fewer kernels; a graph then replays those. The compile happens at the
-        # first call (tens of seconds for a 30-layer model).
-        self.run_step = torch.compile(self.step, fullgraph=True, dynamic=False) if key.compiled else self.step
+        # first call (tens of seconds for a 30-layer model). The unbound function, called with the decoder:
+        # a bound method kept here (``self.step``) would make a reference cycle, and a decoder dropped from
+        # the engine's cache would keep its KV cache and its graph's memory pool until a full collection.
+        self._compiled_step = torch.compile(StaticDecode.step, fullgraph=True, dynamic=False) if key.compiled else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.last.device
+
+    def run_step(self) -> None:
+        """One :meth:`step`, compiled when the key says so."""
+        if self._compiled_step is not None:
+            self._compiled_step(self)
+        else:
+            self.step()
 
     # ------------------------------------------------------------------ the step
     def step(self) -> None:
@@ -208,25 +223,30 @@ class StaticDecode:
         self.key_mask[:, 0] = True
 
     def capture(self) -> None:
-        """Record :meth:`step` as a CUDA graph (after warm-up steps on a side stream, as capture needs)."""
-        stream = torch.cuda.Stream(device=self.last.device)
-        stream.wait_stream(torch.cuda.current_stream(self.last.device))
-        with torch.cuda.stream(stream), torch.no_grad():
-            for _ in range(2):
-                self._blank()
+        """Record :meth:`step` as a CUDA graph (after warm-up steps on a side stream, as capture needs),
+        with the decoder's device current: capture records on the current device's streams, so a decoder
+        on ``cuda:1`` captured while ``cuda:0`` is current would record an empty graph."""
+        with torch.cuda.device(self.device):
+            stream = torch.cuda.Stream(device=self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(2):
+                    self._blank()
+                    self.run_step()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self._blank()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph), torch.no_grad():
                 self.run_step()
-        torch.cuda.current_stream(self.last.device).wait_stream(stream)
-        self._blank()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), torch.no_grad():
-            self.run_step()
         self.graph = graph
 
     def run(self, n: int, max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Step until every row finished or ``max_new_tokens`` steps; the first ``n`` rows' ids (N, T)
         and log-probs (N, T) (pad / 0 after each row's end) and T, the longest row's length."""
         check = CHECK_EVERY if self.graph is not None else 1
-        with torch.no_grad():
+        # A graph replays on the current device's stream: the decoder's own device made current.
+        guard = torch.cuda.device(self.device) if self.graph is not None else contextlib.nullcontext()
+        with torch.no_grad(), guard:
             for t in range(max_new_tokens):
                 if self.graph is not None:
                     self.graph.replay()

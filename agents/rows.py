@@ -3,6 +3,7 @@ right-padded responses, ids within the vocabulary), padding, and the rows a batc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,28 @@ def right_pad(rows: torch.Tensor, width: int, value: float) -> torch.Tensor:
 
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting for it: a copy from the CPU to a GPU goes through
+    pinned memory (``non_blocking``; from pageable memory torch's copy waits for the GPU's queued work)."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _first_and_index(keys: list[int], device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:func:`distinct_rows` of rows whose equal rows have equal ``keys`` (read on the host)."""
+    first_of: dict[int, int] = {}
+    for row, key in enumerate(keys):
+        first_of.setdefault(key, row)
+    if len(keys) < 2 or len(first_of) == len(keys):
+        return None, None
+    order = {key: i for i, key in enumerate(first_of)}  # distinct rows in order of appearance
+    first = torch.tensor(list(first_of.values()))
+    index = torch.tensor([order[key] for key in keys])
+    return to_device(first, device), to_device(index, device)
+
+
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(first, index)`` for rows that repeat: ``first`` (U,) the first row of each distinct (ids, mask)
     row in order of appearance and ``index`` (N,) each row's position in ``first``; ``(None, None)``
@@ -106,15 +129,44 @@ def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor |
     """
     if len(ids) < 2:
         return None, None
+    return _first_and_index(row_numbers(ids, mask), ids.device)
+
+
+def row_numbers(ids: torch.Tensor, mask: torch.Tensor) -> list[int]:
+    """A number per row, equal for rows with equal ids and mask (one read of the device)."""
+    if not len(ids):
+        return []
     _, inverse = torch.unique(torch.cat([ids, mask.to(ids.dtype)], dim=1), dim=0, return_inverse=True)
-    if int(inverse.max()) + 1 == len(ids):
-        return None, None
-    first_of: dict[int, int] = {}
-    for row, key in enumerate(inverse.tolist()):
-        first_of.setdefault(key, row)
-    order = {key: i for i, key in enumerate(first_of)}  # distinct rows in order of appearance
-    first = torch.tensor(list(first_of.values()), device=ids.device)
-    index = torch.tensor([order[key] for key in inverse.tolist()], device=ids.device)
-    return first, index
+    return inverse.tolist()
+
+
+@dataclass(frozen=True)
+class CheckedRows:
+    """One agent's prompt and response rows, checked (:func:`check_rows`) and placed on its device once, with
+    the rows' repeated prompts found once (``prompt_keys``, on the host): an update scores slices of them
+    (``rows[c]``) in its micro-batches without the host waiting for the device, which each check and each
+    search for repeats does. Made by the policy's ``checked_rows``; scored by its ``logprobs_of``."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_keys: tuple[int, ...] | None = None
+    """Equal numbers for rows with equal prompts (ids and mask); ``None``: repeats are not looked for."""
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    def __getitem__(self, rows: slice) -> CheckedRows:
+        if not isinstance(rows, slice):
+            raise TypeError(f"CheckedRows are sliced by row ranges, got {type(rows).__name__}")
+        return CheckedRows(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows],
+                           self.response_mask[rows], None if self.prompt_keys is None else self.prompt_keys[rows])
+
+    def distinct_prompts(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """:func:`distinct_rows` of the prompts, from ``prompt_keys`` (``(None, None)`` without them)."""
+        if self.prompt_keys is None:
+            return None, None
+        return _first_and_index(list(self.prompt_keys), self.prompt_ids.device)
 
 

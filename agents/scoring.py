@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from agents.rows import ArrayLike, distinct_rows
+from agents.rows import ArrayLike, CheckedRows, distinct_rows, row_numbers
 from agents.settings import check_temperature
 from agents.team import BaseGroup
 
@@ -40,10 +40,12 @@ class ScoringMixin:
         temperature: float = 1.0,
         with_reference: bool = False,
         with_logprobs: bool = True,
+        shared: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """(B, T) log-probs under ``adapter`` (``None``: the base), values from ``value_agent``'s head and,
         with ``with_reference``, the base's log-probs too (one forward of both row blocks when fused).
-        Without ``with_logprobs`` (values only) the fused path skips the LM head (zeros in their place)."""
+        Without ``with_logprobs`` (values only) the fused path skips the LM head (zeros in their place).
+        ``shared``: the prompts' repeats (:func:`agents.rows.distinct_rows`) when already known."""
         width, length = p_ids.shape[1], r_ids.shape[1]
         if length == 0:
             empty = r_ids.new_zeros(r_ids.shape, dtype=torch.float32)
@@ -59,7 +61,9 @@ class ScoringMixin:
             adapters = [adapter, None] if with_reference else [adapter]
             blocks = [Block(a, rows) for a in adapters]
             assert group.engine is not None
-            distinct, index = distinct_rows(p_ids, p_mask) if self.share_prompts else (None, None)
+            if not self.share_prompts:
+                shared = (None, None)
+            distinct, index = distinct_rows(p_ids, p_mask) if shared is None else shared
             if distinct is not None and index is not None:  # the G samples of a problem: its prompt once
                 u = len(distinct)
                 bucket = bucket_length(width)
@@ -225,6 +229,37 @@ class ScoringMixin:
         """(B, T) log-prob of each response token under ``agent``'s policy (at ``temperature``; 1: raw);
         0 on pads. Differentiable."""
         return self.forward(agent, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)[0]
+
+    def checked_rows(
+        self,
+        agent: str,
+        prompt_ids: ArrayLike,
+        prompt_mask: ArrayLike,
+        response_ids: ArrayLike,
+        response_mask: ArrayLike,
+    ) -> CheckedRows:
+        """``agent``'s rows checked as :meth:`logprobs` checks them and placed on its device, once, with
+        their repeated prompts found: :meth:`logprobs_of` then scores slices of them without the host
+        waiting for the device (an update's micro-batches)."""
+        self._check_agent(agent)
+        group = self._group_of[agent]
+        tensors = self._pair(group, prompt_ids, prompt_mask, response_ids, response_mask)
+        keys = tuple(row_numbers(tensors[0], tensors[1])) if self.share_prompts else None
+        return CheckedRows(*tensors, prompt_keys=keys)
+
+    def logprobs_of(self, agent: str, rows: CheckedRows, *, temperature: float = 1.0) -> torch.Tensor:
+        """:meth:`logprobs` of rows from :meth:`checked_rows` (or a slice of them): the same numbers,
+        without checking the rows again."""
+        check_temperature(temperature)
+        self._check_agent(agent)
+        if not isinstance(rows, CheckedRows):
+            raise TypeError(f"logprobs_of takes the rows of checked_rows, got {type(rows).__name__}")
+        group = self._group_of[agent]
+        with contextlib.nullcontext() if torch.is_grad_enabled() else self._eval_mode():
+            return self._score(
+                group, rows.prompt_ids, rows.prompt_mask, rows.response_ids, rows.response_mask, adapter=agent,
+                value_agent=None, temperature=temperature, shared=rows.distinct_prompts(),
+            )[0]
 
     def values(
         self,

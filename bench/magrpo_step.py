@@ -1,7 +1,9 @@
 """Time MAGRPO iterations: 2 agents, 8 problems x G=4, 48 new tokens, temperature 0.7, top-p 0.9, chat
-template, embedded SmolLM2-135M-Instruct. Prints JSON: s_per_iteration, samples_per_s, peak_rss_mb.
+template, embedded SmolLM2-135M-Instruct. Prints JSON: s_per_iteration (and its rollout and update parts),
+samples_per_s, peak_rss_mb.
 
     python bench/magrpo_step.py [--iterations 2] [--max-source-words 60] [--device cuda] [--shape 1.7b]
+    python bench/magrpo_step.py --problems 1      # one prompt of 4 samples an iteration (issue #48's run)
 
 One warm-up iteration is run first and not timed. Generation is one batched call per agent over all
 problems and samples; log-probs are one batched forward per agent.
@@ -30,6 +32,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--max-source-words", type=int, default=60)
+    parser.add_argument("--problems", type=int, default=8, help="problems an iteration (G=4 samples each)")
     parser.add_argument("--micro-batch-tokens", type=int, default=Config.micro_batch_tokens,
                         help="the update's token budget per forward/backward (MAGRPO's --micro-batch-tokens)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
@@ -37,7 +40,7 @@ def main() -> None:
                         help="random weights of one of SmolLM2's shapes instead of the embedded model")
     args = parser.parse_args()
     device = resolve_device(args.device)
-    config = Config(num_problems=8, num_generations=4, max_new_tokens=48, temperature=0.7, top_p=0.9,
+    config = Config(num_problems=args.problems, num_generations=4, max_new_tokens=48, temperature=0.7, top_p=0.9,
                     max_source_words=args.max_source_words, progress=False, tensorboard=False,
                     micro_batch_tokens=args.micro_batch_tokens)
     rng = seed_everything(0)
@@ -53,23 +56,34 @@ def main() -> None:
     else:
         policy = MultiAgentPolicy.from_pretrained(agents, lora=lora, mixed_batches=False, device=device)
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate) for a in agents}
-    times = []
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    times, rollout_times, first = [], [], None
     for it in range(args.iterations + 1):
         t0 = time.perf_counter()
         problems = rng.choice(len(venv.envs[0].task.problems("train")), size=config.num_problems, replace=False)
         options = [{"task_index": int(p)} for p in problems for _ in range(config.num_generations)]
         turns = rollout(policy, venv, [it * n + i for i in range(n)], options, config)
+        synchronize()
+        t1 = time.perf_counter()
         for agent in agents:
             returns = discounted_returns(torch.tensor(turns[0].rewards[agent], dtype=torch.float32)[:, None], 1.0)
             adv = group_advantages(returns[:, 0].view(config.num_problems, -1)).reshape(-1, 1)
             update_agent(policy, optimizers[agent], agent, turns, adv, config)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize()
         if it > 0:
             times.append(time.perf_counter() - t0)
+            rollout_times.append(t1 - t0)
+        else:
+            first = time.perf_counter() - t0
     s_per_it = float(np.mean(times))
+    rollout_s = float(np.mean(rollout_times))
     print(json.dumps({
-        "s_per_iteration": round(s_per_it, 2),
+        "s_per_iteration": round(s_per_it, 3),
+        "rollout_s": round(rollout_s, 3), "update_s": round(s_per_it - rollout_s, 3),
+        "first_iteration_s": round(first or 0.0, 2),
         "samples_per_s": round(n / s_per_it, 3),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "agents": len(agents), "problems": config.num_problems, "G": config.num_generations,

@@ -53,3 +53,24 @@ def assert_grads_close(mine: list[Any], theirs: list[Any]) -> None:
         assert b.abs().max() > 0
         bound = BACKWARD_DEPTH * TINY_K * EPS32 * float(b.abs().max())
         assert (a - b).abs().max() <= bound, ((a - b).abs().max(), bound)
+
+
+def assert_grads_near_exact(mine: list[Any], exact: list[Any], *, what: str = "") -> None:
+    """Float32 gradients ``mine`` against the same network's gradients computed in float64 (``exact``):
+    within the backward chain's bound, relative to the largest entry of all of ``exact``.
+
+    The scale is that of the whole set, not each tensor's own. A weight's gradient is a sum over the
+    batch's tokens of its inputs times the gradient flowing back into it; where those terms cancel (a
+    small gradient made of large parts), the rounding stays the size of the parts, that is of the
+    gradients flowing back, whose scale the largest gradient entry gives. Measured on the tiny Llama (24
+    random instances, the fused decoder and PEFT, AVX-512): up to 1.7e-4 of the largest entry, while a
+    tensor's error reached 3.5e-4 of its own maximum (the bound of :func:`assert_grads_close`, which
+    compares two float32 paths, is 3.7e-4 of each tensor's own maximum)."""
+    assert len(mine) == len(exact) > 2
+    scale = max(float(b.abs().max()) for b in exact)
+    bound = BACKWARD_DEPTH * TINY_K * EPS32 * scale
+    for i, (a, b) in enumerate(zip(mine, exact)):
+        assert b.abs().max() > 0, f"{what}: gradient {i} is zero: the check would mean nothing"
+        error = float((a.double() - b.double()).abs().max())
+        assert error <= bound, (f"{what}: gradient {i} is {error:.3g} from float64, bound {bound:.3g} "
+                                f"({error / scale:.2g} of the largest entry)")

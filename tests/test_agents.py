@@ -180,6 +180,9 @@ def test_gradient_step_changes_one_adapter_only(tokenizer):
     policy = make_policy(tokenizer)
     p_ids, p_mask, r_ids, r_mask = batch(tokenizer)
     optimizers = {a: policy.optimizer(a, lr=1e-2) for a in AGENTS}
+    on_cuda = policy.parameters("helper")[0].is_cuda  # fused AdamW there, torch's default on the CPU
+    assert all(o.defaults["fused"] is (True if on_cuda else None) for o in optimizers.values())
+    assert policy.optimizer("main", lr=1e-2, foreach=False).defaults["fused"] is None  # the caller's choice wins
     base_before, adapters_before = snapshot(policy)
     ref_before = policy.ref_logprobs("helper", p_ids, p_mask, r_ids, r_mask)
     with torch.no_grad():

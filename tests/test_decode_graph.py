@@ -182,6 +182,125 @@ def test_captured_graph_equals_the_eager_static_step(tokenizer, device):
     assert any(d.graph is not None for d in policy.engine._static.values())
 
 
+def test_a_dropped_static_decoder_is_freed_without_a_collection(tokenizer, monkeypatch):
+    """A decoder dropped from the engine's cache (least recently used) frees its KV cache (and on a GPU its
+    graph's memory pool) at once: nothing but the cache refers to it, no reference cycle waits for the
+    garbage collector. Also compiled: the compiled callable keeps what it was given, as torch.compile's does
+    (a stand-in here; with dynamo's eager backend the decoder is freed too, at 5 s a compile)."""
+    import gc
+    import weakref
+
+    from agents import engine as engine_module
+    from agents import graph
+
+    def compile(fn, **_settings):
+        return lambda *args: fn(*args)
+
+    monkeypatch.setattr(graph.torch, "compile", compile)
+    monkeypatch.setattr(engine_module, "MAX_GRAPHS", 1)  # the second decoder drops the first
+    policy = make_policy(tokenizer)
+    ids, mask = batch(tokenizer, 2)
+    prompts = {a: (ids, mask) for a in AGENTS}
+    for compiled in (False, True):
+        policy.engine.compile_step = compiled
+        policy.engine.__dict__.pop("_static", None)
+        gc.collect()
+        gc.disable()
+        try:
+            dropped = None
+            for i in range(2):  # another temperature, another key
+                run(policy, "static", prompts, 1, [1, 2], temperature=0.5 + 0.1 * i, top_k=5)
+                if i == 0:
+                    (first,) = policy.engine._static.values()
+                    dropped = weakref.ref(first)
+                    del first
+            assert len(policy.engine._static) == 1
+            assert dropped() is None, f"compiled={compiled}: {gc.get_referrers(dropped())}"
+        finally:
+            gc.enable()
+    policy.engine.compile_step = False
+
+
+def test_capture_and_replay_run_on_the_decoders_own_device(tokenizer, monkeypatch):
+    """Capture records on the current device's streams and a replay launches on it: both happen with the
+    decoder's device made current (an agent on cuda:1 must not record an empty graph on cuda:0). The CUDA
+    calls are stand-ins that record which device was current (the CPU here, the decoder's device)."""
+    import contextlib
+
+    policy = make_policy(tokenizer)
+    decoder = static_decoder(policy, tokenizer, temperature=0.9, top_k=10)
+    current, events = [None], []
+
+    @contextlib.contextmanager
+    def device_guard(device):
+        before, current[0] = current[0], torch.device(device)
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    class Stream:
+        def __init__(self, device=None):
+            events.append(("stream", torch.device(device), current[0]))
+
+        def wait_stream(self, _other):
+            pass
+
+    class Graph:
+        def replay(self):
+            events.append(("replay", current[0]))
+            decoder.step()
+
+    @contextlib.contextmanager
+    def capturing(_graph):
+        events.append(("capture", current[0]))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", device_guard)
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "stream", lambda _s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", capturing)
+    decoder.capture()
+    assert decoder.graph is not None and ("capture", decoder.device) in events
+    assert all(e[-1] == decoder.device for e in events), events  # every CUDA call under the decoder's device
+    events.clear()
+    decoder.run(2, 3)
+    assert events and all(e == ("replay", decoder.device) for e in events), events
+    assert current[0] is None  # the guard was left
+
+
+def test_static_decoder_follows_a_weight_replaced_in_any_layer(tokenizer):
+    """The fused weights (and the static decoders built on them) follow a base weight replaced in any layer,
+    not only in the first and the last: here the first layer's MLP down projection and the last layer's q."""
+    policy = make_policy(tokenizer)
+    engine = policy.engine
+    ids, mask = batch(tokenizer, 3)
+    prompts = {a: (ids, mask) for a in AGENTS}
+    sampling = dict(temperature=0.8, top_k=20)
+    before = run(policy, "static", prompts, 2, [1, 2, 3], **sampling)
+    layers = engine.causal_lm.model.layers
+    for module in (layers[0].mlp.down_proj, layers[-1].self_attn.q_proj):
+        base = getattr(module, "base_layer", module)
+        gen = torch.Generator().manual_seed(5)
+        replaced = torch.nn.Parameter(base.weight.detach() + torch.randn(base.weight.shape, generator=gen).to(
+            base.weight), requires_grad=False)
+        old = engine._weights()
+        base.weight = replaced
+        fused = engine._weights()
+        assert fused is not old
+        static = run(policy, "static", prompts, 2, [1, 2, 3], **sampling)
+        assert any(d.weights is fused for d in engine._static.values())  # a decoder over the new weights ran
+        dynamic = run(policy, "dynamic", prompts, 2, [1, 2, 3], **sampling)
+        for agent in AGENTS:
+            assert torch.equal(static[agent].response_ids, dynamic[agent].response_ids)
+            torch.testing.assert_close(static[agent].logprobs, dynamic[agent].logprobs)
+        assert not torch.equal(static["main"].logprobs, before["main"].logprobs)
+    weight = getattr(layers[0].mlp.down_proj, "base_layer", layers[0].mlp.down_proj).weight
+    assert engine._weights()[0]["down"].weight.data_ptr() == weight.data_ptr()
+
+
 def test_buckets():
     assert [row_bucket(n) for n in (1, 8, 9, 12, 32, 33, 256)] == [8, 8, 16, 16, 32, 64, 256]
     assert [length_bucket(n) for n in (1, 128, 129, 300)] == [128, 128, 256, 384]

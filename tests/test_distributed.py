@@ -90,6 +90,50 @@ def test_init_from_env_rejects_bad_launcher_env(monkeypatch, env, message):
     assert not torch.distributed.is_initialized()
 
 
+def launcher_env(monkeypatch, rank: int) -> None:
+    """The environment torchrun gives rank ``rank`` of 2 processes on one node."""
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def fake_cuda(monkeypatch, count: int) -> list:
+    """This process sees ``count`` CUDA devices; returns the calls made to CUDA or the process group,
+    which record instead of running."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **k: calls.append(("init", k["backend"])))
+    monkeypatch.setattr(torch.distributed, "get_backend", lambda: calls[-1][1])
+    return calls
+
+
+def test_init_from_env_more_processes_than_gpus_names_the_fix(monkeypatch):
+    """Two processes on a one-GPU machine: rank 1 would set cuda:1 and fail with CUDA's 'invalid device
+    ordinal'; it raises before touching CUDA, saying to launch fewer processes or use the CPU."""
+    launcher_env(monkeypatch, rank=1)
+    calls = fake_cuda(monkeypatch, count=1)
+    fix = r"LOCAL_RANK=1 and 1 is visible: launch at most 1 process a node \(torchrun --nproc_per_node 1\), " \
+          r"or run on the CPU with --device cpu \(the gloo backend\)"
+    with pytest.raises(RuntimeError, match=fix):
+        distributed.init_from_env()
+    with pytest.raises(RuntimeError, match="LOCAL_RANK=1 and 1 is visible"):
+        distributed.init_from_env(device="cuda")
+    calls = fake_cuda(monkeypatch, count=0)
+    with pytest.raises(RuntimeError, match=r"0 are visible \(no CUDA on this machine\): run on the CPU"):
+        distributed.init_from_env(backend="nccl")
+    assert calls == []  # raised before any CUDA call or process group
+    # The fixes: --device cpu takes gloo on a GPU machine; rank 1 of 2 on two GPUs takes cuda:1.
+    calls = fake_cuda(monkeypatch, count=1)
+    info = distributed.init_from_env(device="cpu")
+    assert calls == [("init", "gloo")] and info.backend == "gloo"
+    calls = fake_cuda(monkeypatch, count=2)
+    info = distributed.init_from_env()
+    assert calls == [("set_device", 1), ("init", "nccl")] and (info.rank, info.backend) == (1, "nccl")
+
+
 def test_placement():
     agents = ["brief", "detailed"]
     two = DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, backend="nccl")
@@ -136,12 +180,14 @@ def test_group_seed():
 # ----------------------------------------------------------------------------------------- policies
 @pytest.fixture(scope="module")
 def tiny_policy(tiny_model_dir):
+    from tiny_models import testing_device
+
     from agents import LoraSettings, MultiAgentPolicy
 
     torch.manual_seed(0)
     return MultiAgentPolicy.from_pretrained(  # float32: exact comparisons (bf16 rounds with the batch's shape)
         ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False,
-        dtype="float32",
+        dtype="float32", device=str(testing_device()),
     )
 
 
@@ -179,8 +225,10 @@ def test_generate_per_group_does_not_depend_on_the_batch(tiny_policy):
         distributed.generate_per_group(tiny_policy, prompts, 2, [1, 2], **sampling)
 
 
-def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_model_dir, tiny_policy, tmp_path):
-    """On CPU both 'devices' are the CPU: the wrapper's dispatch and checkpoint layout are what is tested."""
+def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_model_dir, tiny_policy, tmp_path,
+                                                                          device):
+    """Both agents' "devices" are the testing device: the wrapper's dispatch and checkpoint layout are what is
+    tested, and that a checkpoint lands on the device of the policy that loads it, whichever wrote it."""
     from agents import LoraSettings, MultiAgentPolicy
 
     with torch.no_grad():
@@ -189,26 +237,26 @@ def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_m
                 p.add_(0.01 * torch.randn_like(p))
     tiny_policy.save(tmp_path / "shared")
     split = distributed.AgentPerDevicePolicy.from_pretrained(
-        tiny_policy.agents, tiny_model_dir, {"brief": "cpu", "detailed": "cpu"}, lora=LoraSettings(rank=4, alpha=8.0),
-        dtype="float32",
+        tiny_policy.agents, tiny_model_dir, {"brief": str(device), "detailed": str(device)},
+        lora=LoraSettings(rank=4, alpha=8.0), dtype="float32",
     )
     split.load(tmp_path / "shared")
     ids, mask = prompt_batch(4, seed=2)
     resp, rmask = prompt_batch(4, seed=3)
     rmask = rmask.flip(1)  # right-padded responses
     for agent in tiny_policy.agents:
+        assert {p.device for p in split.parameters(agent)} == {tiny_policy.parameters(agent)[0].device}
         expected = tiny_policy.logprobs(agent, ids, mask, resp, rmask)
         torch.testing.assert_close(split.logprobs(agent, ids, mask, resp, rmask), expected)
-        assert split.parameters(agent)[0].device.type == "cpu"
     split.save(tmp_path / "split")
     assert json.loads((tmp_path / "split" / "policy.json").read_text())["agents"] == ["brief", "detailed"]
-    fresh = MultiAgentPolicy.from_pretrained(
-        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False
+    fresh = MultiAgentPolicy.from_pretrained(  # on the CPU: under --device cuda, a GPU's checkpoint read there
+        ["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4, alpha=8.0), mixed_batches=False, device="cpu"
     )
     fresh.load(tmp_path / "split")
     for agent in tiny_policy.agents:
         for a, b in zip(fresh.parameters(agent), tiny_policy.parameters(agent), strict=True):
-            assert torch.equal(a, b)
+            assert a.device.type == "cpu" and torch.equal(a, b.cpu())
     gens = split.generate_joint({a: (ids, mask) for a in split.agents}, 1, max_new_tokens=4)
     assert sorted(gens) == ["brief", "detailed"]
     with pytest.raises(ValueError, match=r"holds agents \['brief'\], this policy has"):
@@ -218,6 +266,20 @@ def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_m
 
 
 # ----------------------------------------------------------------------------------------- 2 processes
+@pytest.fixture
+def dp_device(device) -> str | None:
+    """The ``device`` setting of the two-process runs: the CPU (gloo) by default, as in ``make test``, also
+    on a machine with GPUs; under ``--device cuda`` each rank on ``cuda:<LOCAL_RANK>`` (nccl), skipped
+    where fewer CUDA devices than the 2 processes are visible (NCCL needs one each: init_from_env says so)."""
+    if device.type == "cpu":
+        return "cpu"
+    visible = torch.cuda.device_count()
+    if visible < 2:
+        pytest.skip(f"2 processes with nccl need 2 CUDA devices, {visible} visible (these tests run on the CPU "
+                    "with gloo without --device cuda)")
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -242,7 +304,7 @@ def training_rows(run_dir: Path) -> list[dict[str, float]]:
     ]
 
 
-def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
+def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path, dp_device):
     """2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards: 2 + 1),
     adapters identical on both ranks; a 2-process run paused after one iteration and resumed ends
     the same. Both loss aggregations, the KL as a reward penalty (A) and as a loss term (B) and the clipped
@@ -255,7 +317,7 @@ def test_magrpo_two_processes_match_one(tiny_model_dir, tmp_path):
     # shared prompts the first update already differs by ~1e-5 (Adam's steps amplify rounding where a
     # gradient is near zero), enough to flip a sampled token in the next rollout.
     base = tiny_config(tiny_model_dir, tmp_path, num_problems=3, seed_per_problem=True, threads=1, dtype="float32",
-                       share_prompts=False, top_k=TOP_K)
+                       share_prompts=False, top_k=TOP_K, device=dp_device)
     # A: token-mean, the KL as a reward penalty, evaluation on rank 0 (before and after), straight through.
     a = dataclasses.replace(base, run_name="a", num_eval_problems=1, kl_in="reward", kl_coef=0.1)
     # B: sequence-sum with KL and two epochs; the 2-process run pauses after iteration 1 and resumes.
@@ -352,13 +414,13 @@ def length_bonus_reward(monkeypatch=None) -> None:
         monkeypatch.setattr(WritingTask, "reward", reward)
 
 
-def test_magrpo_team_of_two_bases_two_processes_match_one(team_dirs, tmp_path, monkeypatch):
+def test_magrpo_team_of_two_bases_two_processes_match_one(team_dirs, tmp_path, monkeypatch, dp_device):
     """A Llama and a Qwen2 with different tokenizers: 2 gloo processes x 2 iterations == 1 process, as
     ``test_magrpo_two_processes_match_one`` checks for one base (same bounds)."""
     from baselines.learners import magrpo
 
     length_bonus_reward(monkeypatch)
-    config = team_config(team_dirs, tmp_path)
+    config = team_config(team_dirs, tmp_path, device=dp_device)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "team", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
@@ -458,7 +520,7 @@ def launch_workers(spec: Path) -> subprocess.Popen:
     )
 
 
-def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
+def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path, dp_device):
     """PPO on 2 gloo processes x 2 iterations == 1 process over the same 9 episodes (uneven shards:
     5 + 4), adapters and value heads identical on both ranks. Minibatches of 3 from a shared shuffle
     of the global rows, so most straddle the ranks; whitening, the value loss, the adaptive KL
@@ -471,7 +533,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
 
     # float32: the comparison is to 1e-4, and in bf16 a different split of rows rounds differently.
     settings = dict(batch_size=9, minibatch_size=3, seed_per_episode=True, threads=1, init_kl_coef=0.2, dtype="float32",
-                    top_k=TOP_K)
+                    top_k=TOP_K, device=dp_device)
     configs = {
         "ppo": tiny_ppo(tiny_model_dir, tmp_path, run_name="ppo", num_eval_problems=1, **settings),
         "cory": cory.Config(
@@ -555,7 +617,7 @@ def test_ppo_and_cory_two_processes_match_one(tiny_model_dir, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(tmp_path / "dp" / "ppo"), abs=1e-6)
 
 
-def test_maac_two_processes_match_one(team_dirs, tmp_path):
+def test_maac_two_processes_match_one(team_dirs, tmp_path, dp_device):
     """MAAC on 2 gloo processes x 2 iterations == 1 process over the same 3 problems (uneven shards:
     2 + 1), 2 turns, two epochs: actors, critic adapter and value head identical on both ranks and
     equal to the one-process run to 1e-4; advantages are whitened over the whole batch and the
@@ -574,7 +636,7 @@ def test_maac_two_processes_match_one(team_dirs, tmp_path):
     config = tiny_maac(team_dirs["brief"], tmp_path, num_problems=3, num_turns=2, seed_per_problem=True, threads=1,
                        dtype="float32", run_name="maac", learning_rate=1e-3, critic_learning_rate=1e-3,
                        kl_in="reward", kl_coef=0.1, top_k=TOP_K, agent_models=(f"detailed={team_dirs['detailed']}",),
-                       critic_model=team_dirs["detailed"])
+                       critic_model=team_dirs["detailed"], device=dp_device)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "maac", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()
@@ -622,7 +684,7 @@ def test_maac_two_processes_match_one(team_dirs, tmp_path):
     assert one["eval/total"] == pytest.approx(training_eval(dp_run), abs=1e-6)
 
 
-def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch):
+def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch, dp_device):
     """Iterative MADPO (comparator history, replay of every iteration) and iterative MARLHF on 2 gloo
     processes x 2 iterations == 1 process over the same 3 prompts (uneven shards: 2 + 1): each process
     samples its prompts' candidates, every process builds and draws the same pairs, the gradients of
@@ -634,7 +696,7 @@ def test_preference_learners_two_processes_match_one(tiny_model_dir, tmp_path, m
 
     # float32 and rows computed whole, as in the MAGRPO comparison above.
     common = dict(num_problems=3, threads=1, dtype="float32", share_prompts=False, iterative=True,
-                  num_eval_problems=0, num_candidates=3, top_k=TOP_K)
+                  num_eval_problems=0, num_candidates=3, top_k=TOP_K, device=dp_device)
     dpo = tiny(madpo, tiny_model_dir, tmp_path, run_name="madpo", comparator="history", replay="all_history",
                **common)
     rlhf = tiny(marlhf, tiny_model_dir, tmp_path, run_name="marlhf", **common)
@@ -693,7 +755,7 @@ def parity_reward(monkeypatch=None) -> None:
         monkeypatch.setattr(WritingTask, "reward", reward)
 
 
-def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch):
+def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypatch, dp_device):
     """MAGRPO tree rollouts (sequential protocol, 2 turns, early termination) on 2 gloo processes x 2
     iterations == 1 process over the same 3 problems: every node samples from its own seeds, a rank
     whose trees all stopped at the root updates over an empty second level, metrics cover both ranks;
@@ -708,7 +770,7 @@ def test_magrpo_tree_two_processes_match_one(tiny_model_dir, tmp_path, monkeypat
     config = tiny_config(tiny_model_dir, tmp_path, num_problems=3, rollout="tree", num_turns=2,
                          protocol="sequential", termination_threshold=5.0, baseline="mean", seed_per_problem=True,
                          threads=1, dtype="float32", run_name="tree", num_eval_problems=1, learning_rate=1e-3, seed=4,
-                         top_k=TOP_K, kl_in="reward", kl_coef=0.1)
+                         top_k=TOP_K, kl_in="reward", kl_coef=0.1, device=dp_device)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"learner": "tree", "config": dataclasses.asdict(config), "out": str(tmp_path / "dp")}))
     threads = torch.get_num_threads()

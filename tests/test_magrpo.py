@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import tyro
+from numerics import assert_f32_close, assert_grads_close
 
 from baselines.infra.checkpoints import CheckpointError, find_checkpoint
 from baselines.infra.metrics import read_metrics
@@ -336,6 +337,138 @@ def test_micro_batches_give_the_full_batch_update(tiny_model_dir, tmp_path, aggr
     assert changed > 0
     for key in ("agent_brief/pg_loss", "agent_brief/kl", "agent_detailed/loss", "agent_detailed/clip_fraction"):
         assert result_micro[key] == pytest.approx(result_full[key], rel=1e-4, abs=1e-6), key
+
+
+def test_update_micro_batches_do_not_read_the_device_and_update_as_before(tiny_model_dir, tmp_path, monkeypatch,
+                                                                          device):
+    """The update checks each turn's rows, finds their repeated prompts and copies the advantages once; its
+    micro-batches then score slices of those (policy.logprobs_of) without waiting for the device, and the
+    update equals (bit for bit on the CPU) scoring every micro-batch with policy.logprobs (checks and search
+    repeated).
+    Under --device cuda the micro-batches' passes run with CUDA's synchronisation check set to raise."""
+    from agents import LoraSettings, MultiAgentPolicy
+    from agents import policy as policy_module
+    from agents import scoring as scoring_module
+    from baselines.infra.play import Turn
+    from baselines.rl.policy_gradient import update_agent
+
+    agents = ["brief", "detailed"]
+    config = tiny_config(tiny_model_dir, tmp_path, micro_batch_size=3, num_epochs=2, kl_coef=0.1, kl_in="loss")
+    policy = MultiAgentPolicy.from_pretrained(agents, tiny_model_dir, lora=LoraSettings(rank=4), dtype="float32",
+                                              device=str(device))
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 2000, (2, 6), generator=gen)
+    prompt_mask = torch.ones_like(prompts)
+    prompt_mask[1, :2] = 0
+    joint = policy.generate_joint({a: (prompts, prompt_mask) for a in agents}, 4, max_new_tokens=6, seeds=[1, 2])
+    turns = [Turn(prompts={}, responses=joint, rewards={}, infos={})]
+    advantages = torch.randn(8, 1, generator=gen)  # 2 problems x 4 samples: micro-batches of 3 rows straddle them
+    start = {a: [p.detach().clone() for p in policy.parameters(a)] for a in agents}
+
+    def update() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p, p0 in zip(policy.parameters("brief"), start["brief"], strict=True):
+                p.copy_(p0)
+        # SGD: a step in proportion to the gradient (Adam would turn a gradient's last bits into steps of ~lr)
+        update_agent(policy, torch.optim.SGD(policy.parameters("brief"), lr=1e-2), "brief", turns, advantages, config)
+        return [p.detach().clone() for p in policy.parameters("brief")]
+
+    calls = {"check_rows": 0, "row_numbers": 0, "distinct_rows": 0}  # each reads the device
+
+    def counting(name, real):
+        def spy(*args):
+            calls[name] += 1
+            return real(*args)
+
+        return spy
+
+    for module, name in ((policy_module, "check_rows"), (scoring_module, "row_numbers"),
+                         (scoring_module, "distinct_rows")):
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    real_of = policy.logprobs_of
+
+    def quiet(*args, **kwargs):  # on CUDA: any synchronisation in a micro-batch's pass raises
+        if device.type != "cuda":
+            return real_of(*args, **kwargs)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return real_of(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(policy, "logprobs_of", quiet)
+    new = update()
+    # One turn: its prompts and responses checked once and its prompts numbered once for 3 micro-batches x 2
+    # epochs; the rest is the reference's pass (kl_in="loss"), once an update through policy.ref_logprobs.
+    assert calls == {"check_rows": 2 + 2 * 3, "row_numbers": 1, "distinct_rows": 3}, calls
+    monkeypatch.setattr(policy, "logprobs_of", lambda agent, r, temperature: policy.logprobs(
+        agent, r.prompt_ids, r.prompt_mask, r.response_ids, r.response_mask, temperature=temperature))
+    old = update()
+    assert any(not torch.equal(a, b) for a, b in zip(new, start["brief"]))  # it trained
+    for a, b in zip(new, old, strict=True):
+        if device.type == "cpu":
+            assert torch.equal(a, b)
+        else:  # CUDA's index_add (the backward of gathering a shared prompt's rows) sums in any order
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_update_loss_and_backward_compile_whole_and_equal_the_eager_update(tiny_model_dir, tmp_path, device):
+    """The update's micro-batch (baselines.rl.policy_gradient.micro_batch_loss: the fused forward, the clipped
+    policy-gradient loss and the KL term) compiles with ``fullgraph=True`` (no graph break: nothing read back
+    to the host, as a captured GPU graph needs) through AOTAutograd (the backward traced too), and gives the
+    eager update's losses, gradients and weights after an optimizer step: the CPU's proxy for "the update runs
+    as one compiled graph on the GPU"."""
+    from agents import LoraSettings, MultiAgentPolicy
+    from baselines.rl.policy_gradient import micro_batch_loss
+
+    config = tiny_config(tiny_model_dir, tmp_path, kl_coef=0.1, kl_in="loss", clip_eps=0.2)
+    policy = MultiAgentPolicy.from_pretrained(["brief", "detailed"], tiny_model_dir, lora=LoraSettings(rank=4),
+                                              dtype="float32", device=str(device))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # non-zero adapters (B starts at 0): every gradient is non-zero
+        for p in policy.parameters("brief"):
+            p.add_(0.1 * torch.randn(p.shape, generator=gen).to(p.device))
+    prompts = torch.randint(10, 2000, (2, 6), generator=gen)
+    joint = policy.generate_joint({a: (prompts, torch.ones_like(prompts)) for a in policy.agents}, 3,
+                                  max_new_tokens=5, seeds=[1, 2])
+    g = joint["brief"]
+    rows = policy.checked_rows("brief", g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask)
+    advantages = torch.randn(6, generator=gen).to(rows.response_ids.device)
+    with torch.no_grad():
+        old = policy.logprobs_of("brief", rows) + 0.3 * torch.randn(6, g.response_ids.shape[1], generator=gen).to(
+            advantages.device)
+        reference = policy.ref_logprobs("brief", g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask)
+    start = [p.detach().clone() for p in policy.parameters("brief")]
+
+    def update(loss_fn) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        with torch.no_grad():
+            for p, p0 in zip(policy.parameters("brief"), start, strict=True):
+                p.copy_(p0)
+                p.grad = None
+        # SGD: a step in proportion to the gradient (Adam turns a cancelling gradient's last bits into ~lr)
+        optimizer = torch.optim.SGD(policy.parameters("brief"), lr=1e-2)
+        # One micro-batch (a compile costs ~5 s here) of rows 1-5: prompts shared by 2 and 3 rows, ratios to the
+        # old log-probs clipped, the KL term, both as sums over a turn's token count.
+        loss, pg, kl, _ = loss_fn(policy, "brief", rows[1:6], advantages[1:6], config, old=old[1:6],
+                                  reference=reference[1:6], kl_tokens=13.0, denominator=13.0)
+        loss.backward()
+        losses = [loss.detach(), pg.detach(), kl.detach()]
+        grads = [p.grad.clone() for p in policy.parameters("brief")]
+        optimizer.step()
+        return losses, grads, [p.detach().clone() for p in policy.parameters("brief")]
+
+    eager = update(micro_batch_loss)
+    torch._dynamo.reset()
+    compiled = update(torch.compile(micro_batch_loss, fullgraph=True, backend="aot_eager"))
+    # The same ATen ops in the same order (AOTAutograd's eager backend): equal up to its re-association of a
+    # few element-wise ops; float32 rounding of this tiny model's sums, as tests/numerics.py bounds it.
+    for a, b in zip(compiled[0], eager[0], strict=True):
+        assert_f32_close(a, b)
+    assert_grads_close(compiled[1], eager[1])
+    for a, b, p0 in zip(compiled[2], eager[2], start, strict=True):
+        assert not torch.equal(b, p0)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_update(

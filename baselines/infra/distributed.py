@@ -106,14 +106,19 @@ def _env_int(name: str, default: int | None = None) -> int:
     return value
 
 
-def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> DistInfo:
+def init_from_env(
+    backend: str | None = None, timeout_s: float = 1800.0, device: str | torch.device | None = None
+) -> DistInfo:
     """Join the process group described by the launcher's environment, once; later calls return the
     same :class:`DistInfo`.
 
     ``WORLD_SIZE`` unset or 1: a single process, nothing is initialised. Otherwise RANK, LOCAL_RANK,
     MASTER_ADDR and MASTER_PORT must be set (torchrun and ``accelerate launch`` set them). ``backend``
-    defaults to nccl when CUDA is available, else gloo. A collective that waits longer than
-    ``timeout_s`` (a rank died or hangs) raises instead of blocking forever.
+    defaults to gloo when ``device`` (the run's ``--device``) is the CPU or CUDA is not available, else
+    nccl. NCCL needs a CUDA device of its own per process (``cuda:<LOCAL_RANK>``): with more processes
+    on a node than visible devices this raises a ``RuntimeError`` naming the fix before any CUDA call
+    (not CUDA's ``invalid device ordinal``). A collective that waits longer than ``timeout_s`` (a rank
+    died or hangs) raises instead of blocking forever.
     """
     world = _env_int("WORLD_SIZE", 1)
     if world == 0:
@@ -132,12 +137,15 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
             raise RuntimeError(
                 f"environment variable {name} is not set; start the run with torchrun or accelerate launch"
             )
+    on_cpu = device is not None and torch.device(device).type == "cpu"
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "gloo" if on_cpu or not torch.cuda.is_available() else "nccl"
     if backend not in ("gloo", "nccl", "mpi", "ucc"):
         raise ValueError(f"backend must be 'gloo', 'nccl', 'mpi' or 'ucc', got {backend!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if backend == "nccl":
+        _check_one_device_per_process(local_rank, local_world)
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -149,6 +157,22 @@ def init_from_env(backend: str | None = None, timeout_s: float = 1800.0) -> Dist
         )
         atexit.register(destroy)
     return DistInfo(rank, world, local_rank, local_world, dist.get_backend())
+
+
+def _check_one_device_per_process(local_rank: int, local_world: int) -> None:
+    """NCCL puts process ``LOCAL_RANK`` on ``cuda:<LOCAL_RANK>``: raise, naming the fix, where that
+    device does not exist (two processes on a one-GPU machine, say)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank < count:
+        return
+    fewer = (f"launch at most {count} process{'' if count == 1 else 'es'} a node (torchrun --nproc_per_node "
+             f"{count}), or " if count else "")
+    raise RuntimeError(
+        f"{local_world} processes on this node with the nccl backend need one CUDA device each, but "
+        f"LOCAL_RANK={local_rank} and {count} {'is' if count == 1 else 'are'} visible"
+        + (" (no CUDA on this machine)" if count == 0 else "")
+        + f": {fewer}run on the CPU with --device cpu (the gloo backend)"
+    )
 
 
 def _active() -> bool:
@@ -591,6 +615,12 @@ class AgentPerDevicePolicy:
 
     def forward(self, agent: str, *args: Any, **kwargs: Any) -> Any:
         return self._of(agent).forward(agent, *args, **kwargs)
+
+    def checked_rows(self, agent: str, *args: Any) -> Any:
+        return self._of(agent).checked_rows(agent, *args)
+
+    def logprobs_of(self, agent: str, rows: Any, **kwargs: Any) -> torch.Tensor:
+        return self._of(agent).logprobs_of(agent, rows, **kwargs)
 
     def logprobs(self, agent: str, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self._of(agent).logprobs(agent, *args, **kwargs)

@@ -77,7 +77,7 @@ class Run:
         run has a checkpoint; ``--overwrite`` deletes the old ones), every RNG seeded."""
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        info = distributed.init_from_env()
+        info = distributed.init_from_env(device=config.device)
         config.check_processes(info.world_size)
         run_dir = config.run_dir()
         check_run_dir(run_dir, resume=config.resume, overwrite=config.overwrite)

@@ -190,7 +190,7 @@ def two_stage(config: Config) -> dict[str, Any]:
     # is the reward model, written once.
     if config.threads is not None:
         torch.set_num_threads(config.threads)
-    info = distributed.init_from_env()
+    info = distributed.init_from_env(device=config.device)
     config.check_processes(info.world_size)
     saved = config.run_dir() / "reward_model"
     if saved.exists() and not config.resume:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from agents.rows import to_device
 from baselines.infra import distributed
 from baselines.infra.play import Turn
 from baselines.rl.tensors import masked_mean
@@ -197,6 +198,42 @@ def step_agent(policy: Any, optimizer: torch.optim.Optimizer, agent: str, max_gr
     return float(norm)
 
 
+def _token_mean(values: torch.Tensor, mask: torch.Tensor, tokens: float | None) -> torch.Tensor:
+    """Mean of ``values`` over the tokens of ``mask``, or their sum over ``tokens`` (a whole turn's count)."""
+    if tokens is None:
+        return masked_mean(values, mask)
+    return (values * mask.to(values.dtype)).sum() / max(tokens, 1.0)
+
+
+def micro_batch_loss(
+    policy: Any,
+    agent: str,
+    rows: Any,
+    advantages: torch.Tensor,
+    config: Any,
+    *,
+    old: torch.Tensor | None = None,
+    denominator: float | None = None,
+    reference: torch.Tensor | None = None,
+    kl_tokens: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The loss of one micro-batch of :func:`update_agent`: ``agent``'s log-probs of ``rows`` (a slice of
+    ``policy.checked_rows``), the policy-gradient loss with ``advantages`` (its rows'), ratios to ``old``
+    log-probs when given, and with ``reference`` log-probs the k3 KL term (weight ``kl_coef``; a token mean,
+    or a sum over ``kl_tokens``). Returns (loss, policy-gradient loss, KL term or None, log-probs).
+
+    Tensor operations only, nothing read back to the host: ``torch.compile(micro_batch_loss, fullgraph=True)``
+    traces it whole, with its backward (tested), as a captured GPU graph needs."""
+    logprobs = policy.logprobs_of(agent, rows, temperature=config.scoring_temperature(agent))
+    mask = rows.response_mask
+    pg = policy_gradient_loss(logprobs, advantages, mask, config.loss_aggregation, old, config.clip_eps,
+                              denominator=denominator)
+    if reference is None:
+        return pg, pg, None, logprobs
+    kl = _token_mean(kl_to_reference(logprobs, reference), mask, kl_tokens)
+    return pg + config.kl_coef * kl, pg, kl, logprobs
+
+
 def update_agent(
     policy: Any,
     optimizer: torch.optim.Optimizer,
@@ -228,11 +265,17 @@ def update_agent(
         denominators = tokens if config.loss_aggregation == "token-mean" else rows
 
     def token_mean(values: torch.Tensor, mask: torch.Tensor, t: int) -> torch.Tensor:
-        if tokens is None:
-            return masked_mean(values, mask)
-        return (values * mask.to(values.dtype)).sum() / max(tokens[t], 1.0)
+        return _token_mean(values, mask, None if tokens is None else tokens[t])
 
     ref = [reference_logprobs(policy, agent, turn.responses[agent], config) for turn in turns] if kl_loss else []
+    # Each turn's rows checked and placed once, and the advantages copied once: in the micro-batch loop
+    # below nothing waits for the device (each check, search for repeated prompts or copy from pageable
+    # memory would, before the backward is queued).
+    rows = [policy.checked_rows(agent, g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask)
+            if len(g.response_mask) else None for g in (turn.responses[agent] for turn in turns)]
+    placed = [r for r in rows if r is not None]
+    if placed:
+        advantages = to_device(advantages, placed[0].response_ids.device)
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
@@ -246,26 +289,21 @@ def update_agent(
             denominator = None if denominators is None else denominators[t]
             turn_pg = turn_kl = turn_clip = torch.zeros((), dtype=torch.float64)
             for c in row_slices(gen, config):
-                logprobs = policy.logprobs(
-                    agent, gen.prompt_ids[c], gen.prompt_mask[c], gen.response_ids[c], gen.response_mask[c],
-                    temperature=config.scoring_temperature(agent),
-                )
-                mask = gen.response_mask[c]
+                part = rows[t]
+                assert part is not None  # a turn without rows has no slices
+                mask = part.response_mask[c]
                 # On the first epoch the sampling policy is the current one: the plain policy gradient
                 # (ratio 1) is exact; later epochs need the ratio to the sampling-time policy, whose
                 # log-probs are the first epoch's own (the same forward; the decode-time log-probs
                 # differ from it by rounding in bf16, ~0.03 nats a token).
                 old = first_epoch[(t, c.start)] if epoch > 0 else None
+                loss, pg, kl, logprobs = micro_batch_loss(
+                    policy, agent, part[c], advantages[c, t], config, old=old, denominator=denominator,
+                    reference=ref[t][c] if kl_loss else None, kl_tokens=None if tokens is None else tokens[t],
+                )
                 if epoch == 0 and config.num_epochs > 1:
                     first_epoch[(t, c.start)] = logprobs.detach()
-                adv = advantages[c, t].to(logprobs.device)
-                pg = policy_gradient_loss(
-                    logprobs, adv, mask, config.loss_aggregation, old, config.clip_eps, denominator=denominator
-                )
-                loss = pg
-                if kl_loss:
-                    kl = token_mean(kl_to_reference(logprobs, ref[t][c]), mask, t)
-                    loss = loss + config.kl_coef * kl
+                if kl is not None:
                     turn_kl = turn_kl + kl.detach().double()
                 if old is not None:
                     ratio = torch.exp(logprobs.detach() - old)
