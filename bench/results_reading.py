@@ -784,6 +784,10 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
             out.append(f"- **{method('coding', name).label}** (eval, seeds {seeds(mine)}): {shown}.")
     for name, rates in CODING_SWEEP_RATES.items():
         rate = chosen_rate(out_dir, name, "coding")
+        if not any(r["method"] == sweep_name(name, x) for r in sweep for x in rates):
+            grid = ", ".join(f"{x:g}" for x in rates)
+            out.append(f"- **{method('coding', name).label}**: no sweep record yet (rates {grid}).")
+            continue
         line = f"- **{method('coding', name).label}**: {sweep_line(sweep, name, rate, rates)}."
         mine = of_method(records, name)
         if mine:
@@ -795,9 +799,9 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
         out.append(line)
     for t in family_tests(records, CODING_TESTS):
         label_a, label_b = method("coding", t.a).label, method("coding", t.b).label
-        out.append(f"- **The paper's direction, {label_a} above {label_b}** ({t.what}): {direction(t)}; "
-                   + (f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}, {verdict(t)}"
-                      if t.values_a and t.values_b else "no record yet") + ".")
+        tail = (f"; {ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}, {verdict(t)}"
+                if t.values_a and t.values_b else "")
+        out.append(f"- **The paper's direction, {label_a} above {label_b}** ({t.what}): {direction(t)}{tail}.")
     out.append("- **Not measured here:** the paper's discussion baseline (the agents exchange messages before "
                "writing), which this suite has no env for.")
     return out
