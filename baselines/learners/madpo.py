@@ -35,6 +35,7 @@ import torch
 
 from baselines.infra import distributed
 from baselines.infra.config import check_ranges, preset
+from baselines.infra.evaluation import summary  # noqa: F401  (the closing lines `llm-envs train madpo` prints)
 from baselines.infra.run import Run
 from baselines.rl.policy_gradient import kl_to_reference, step_agent
 from baselines.rl.preference import (
