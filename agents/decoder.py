@@ -338,7 +338,7 @@ class FusedDecoder:
         # One fused op in half precision (it accumulates in float32).
         return F.rms_norm(x, (x.shape[-1],), weight=weight, eps=self.eps)
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (N, S, 1, hd) for ``positions`` (N, S), from the model's own rotary module."""
         rotary = self.causal_lm.model.rotary_emb
         probe = torch.empty(0, dtype=dtype, device=positions.device)
@@ -372,7 +372,7 @@ class FusedDecoder:
         gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
         return hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
 
-    def _layers(
+    def decode_layers(
         self,
         hidden: torch.Tensor,
         cos: torch.Tensor,
@@ -446,7 +446,7 @@ class FusedDecoder:
         flat_blocks = [Block(b.adapter, t) for b, t in zip(blocks, rows)]
         loras = [{k: self._lora(p, flat_blocks, dtype) for k, p in w.items()} for w in weights]
         positions = (mask.cumsum(-1) - 1).clamp(min=0).reshape(-1)[sel]
-        cos, sin = self._rope(positions[:, None], dtype)  # (T, 1, 1, hd)
+        cos, sin = self.rope(positions[:, None], dtype)  # (T, 1, 1, hd)
         attend = self._attention(causal_allowed(mask)[:, None], dtype, s)
         h, hd = self.num_heads, self.head_dim
 
@@ -527,7 +527,7 @@ class FusedDecoder:
             (prompt_mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
             (prompt_mask.sum(-1)[index, None] + mask.cumsum(-1) - 1).clamp(min=0).reshape(-1),
         ])
-        cos, sin = self._rope(positions[:, None], dtype)
+        cos, sin = self.rope(positions[:, None], dtype)
         # As in hidden_states (pad queries attend to themselves): a prompt sees its own earlier tokens; a
         # response position its prompt's tokens, then its own earlier tokens.
         allowed_p = causal_allowed(prompt_mask)
