@@ -36,9 +36,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from agents import placement
 from baselines.infra import distributed
 from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
-from baselines.infra.distributed import PLACEMENTS
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn, probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
@@ -133,7 +133,7 @@ class Config(LearnerConfig):
             )
         check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
         check_ranges(self, {"kl_coef": (self.kl_coef >= 0, ">= 0")})
-        check_choice(self, "placement", PLACEMENTS)
+        check_choice(self, "placement", placement.PLACEMENTS)
         if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
             raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
         check_choice(self, "rollout", ("linear", "tree"))
@@ -274,10 +274,10 @@ def main(config: Config) -> dict[str, float]:
     env_kwargs = config.build_env_kwargs()
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     config.check_agents(agents)
-    policy = distributed.build_policy(
+    policy = placement.build_policy(
         agents,
         config.model_of(agents),  # a team: agent -> its own base (--agent-models)
-        distributed.device_for(config.placement, agents, run.info, config.device),
+        placement.device_for(config.placement, agents, run.info, config.device),
         dtype=config.dtype,
         lora=config.lora_of(agents),
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
