@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from baselines.rl.tensors import strip_left_padding
+from agents.rows import strip_left
 
 T = TypeVar("T")
 
@@ -463,6 +463,6 @@ def generate_per_group(
         int(np.random.SeedSequence([int(seed), j]).generate_state(1)[0]) for seed in seeds for j in range(group_size)
     ]
     stripped = {
-        a: tuple(torch.as_tensor(x) for x in strip_left_padding(ids, mask)) for a, (ids, mask) in prompts.items()
+        a: tuple(torch.as_tensor(x) for x in strip_left(ids, mask)) for a, (ids, mask) in prompts.items()
     }
     return policy.generate_joint(stripped, 1, seeds=row_seeds, **sampling)
