@@ -4,9 +4,10 @@ See :mod:`agents.policy` for the policy, built from one module per concept: :mod
 (LoRA and sampling settings), :mod:`agents.generation` (``generate``/``generate_joint``),
 :mod:`agents.scoring` (log-probs, values, the reference), :mod:`agents.acting` (acting on env
 observations), :mod:`agents.persistence` (``state``/``save``/``load``); :mod:`agents.engine` and
-:mod:`agents.decoder` for the rollout engine and the fused forward; :mod:`agents.models` for loading
-models (the embedded SmolLM2-135M-Instruct default included); :mod:`agents.expert` for a model as an
-env's turn transition.
+:mod:`agents.decoder` for the rollout engine and the fused forward (:mod:`agents.sampling` the draw,
+:mod:`agents.head` the LM head's chunked log-probs); :mod:`agents.placement` for the agents' devices under
+``--placement``; :mod:`agents.models` for loading models (the embedded SmolLM2-135M-Instruct default
+included); :mod:`agents.expert` for a model as an env's turn transition.
 """
 
 from agents.expert import ExpertTransition

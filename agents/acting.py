@@ -74,7 +74,7 @@ class ActingMixin:
             return self._act_tokens(parts, settings)
         if max_new_tokens is not None:
             settings = {name: replace(s, max_new_tokens=max_new_tokens) for name, s in settings.items()}
-        prompts = {name: strip_left(p["observation"], p["attention_mask"]) for name, p in parts.items()}
+        prompts = {name: strip_left(p["observation"], p["attention_mask"], empty_ok=True) for name, p in parts.items()}
         generations = self.generate_joint(prompts, 1, sampling=settings)
         actions = {}
         for name, gen in generations.items():
@@ -150,7 +150,7 @@ class ActingMixin:
             rows = full.nonzero().flatten()
             if len(rows):
                 open_rows[name] = rows
-                prompts[name] = strip_left(p["observation"][rows], p["attention_mask"][rows])
+                prompts[name] = strip_left(p["observation"][rows], p["attention_mask"][rows], empty_ok=True)
         if prompts:
             one_token = {name: replace(settings[name], max_new_tokens=1, stop=()) for name in prompts}
             generations = self.generate_joint(prompts, 1, sampling=one_token)

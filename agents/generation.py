@@ -235,7 +235,8 @@ class GenerationMixin:
         seeds: Sequence[int] | None,
         settings: Mapping[str, Mapping[str, Any]],
     ) -> dict[str, Generation]:
-        from agents.engine import Block, row_seed
+        from agents.engine import Block
+        from agents.sampling import row_seed
 
         names = list(rows)
         width = max(rows[a][0].shape[1] for a in names)
@@ -292,7 +293,7 @@ class GenerationMixin:
     ) -> dict[str, Generation]:
         """The ``generate`` backend with per-row seeds: one prompt row (of every agent) at a time, each
         under its own seed in a forked RNG, its padding stripped to its own prompt."""
-        from agents.engine import row_seed
+        from agents.sampling import row_seed
 
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         parts = []

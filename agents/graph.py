@@ -16,8 +16,8 @@ step is :meth:`agents.engine.RolloutEngine`'s decode step rewritten that way:
 - **each agent's LoRA over a fixed block layout**: the stacked factors are static buffers, refreshed
   from the adapters at every call (training changes them between calls);
 - **no host synchronisation inside a step**: every row steps (a finished one on the pad id, as in the
-  dynamic loop), EOS is checked on the device, sampling is :func:`agents.engine.sampling_distribution`
-  with ``static=True`` and the counter-based :func:`agents.engine.race_draw` (random numbers from
+  dynamic loop), EOS is checked on the device, sampling is :func:`agents.sampling.sampling_distribution`
+  with ``static=True`` and the counter-based :func:`agents.sampling.race_draw` (random numbers from
   (key, step, token), no generator state); the host looks at ``live`` every :data:`CHECK_EVERY` steps.
 
 The same step runs eagerly on any device (``decode="static"``): the tests check it equals the dynamic
@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+from agents.sampling import choose
 
 if TYPE_CHECKING:
     from agents.engine import RolloutEngine
@@ -144,8 +146,7 @@ class StaticDecode:
         ``last``; advance ``t``. Tensor ops only, in place on the buffers: no host synchronisation."""
         engine, key = self.engine, self.key
         logits = F.linear(self.last, self.head_weight, self.head_bias).float()  # (N, V)
-        token, logprob = engine._choose(logits, self.no_history, keys=self.keys, step=self.t, static=True,
-                                        **self.settings)
+        token, logprob = choose(logits, self.no_history, keys=self.keys, step=self.t, static=True, **self.settings)
         live = self.live
         token = torch.where(live, token, key.pad_token_id)
         logprob = logprob.masked_fill(~live, 0.0)
@@ -156,7 +157,7 @@ class StaticDecode:
         column = self.width + self.t  # (1,): where this token's keys and values go
         self.key_mask.index_fill_(1, column, True)
         self.position.add_(1)
-        cos, sin = engine._rope(self.position[:, None], key.dtype)
+        cos, sin = engine.rope(self.position[:, None], key.dtype)
         caches, mask, gqa = self.caches, self.key_mask[:, None, None, :], engine.num_heads != engine.num_kv_heads
 
         def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -166,7 +167,7 @@ class StaticDecode:
             return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=gqa)
 
         hidden = engine.causal_lm.model.embed_tokens(token[:, None])
-        hidden = engine._layers(hidden, cos, sin, attend, self.weights, self.loras, list(key.block_rows))
+        hidden = engine.decode_layers(hidden, cos, sin, attend, self.weights, self.loras, list(key.block_rows))
         self.last.copy_(engine.causal_lm.model.norm(hidden)[:, 0])
         self.t.add_(1)
 

@@ -85,9 +85,7 @@ class PersistenceMixin:
             save_file(dict(tensors), str(tmp))
             os.replace(tmp, root / name)
         # The manifest goes last: a directory without it is an unfinished save.
-        tmp = root / f".{MANIFEST_NAME}.tmp"
-        tmp.write_text(json.dumps(self._manifest(), indent=2))
-        os.replace(tmp, root / MANIFEST_NAME)
+        write_manifest(root, self._manifest())
         return root
 
     def describe_agents(self, agents: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -106,12 +104,7 @@ class PersistenceMixin:
 
         root = Path(directory)
         manifest_path = root / MANIFEST_NAME
-        if not manifest_path.is_file():
-            raise FileNotFoundError(f"{manifest_path} not found: {str(root)!r} is not a saved policy")
-        try:
-            manifest = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"corrupt checkpoint manifest {manifest_path}: {err}") from err
+        manifest = read_manifest(root)
         if not isinstance(manifest, dict) or manifest.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{manifest_path} is not a {CHECKPOINT_FORMAT} manifest: {manifest!r:.200}")
         ours = self._manifest()
@@ -184,6 +177,26 @@ class PersistenceMixin:
         for group in self.groups:
             active, group.active = group.active, None
             group.set_agent(active or group.agents[0])
+
+
+def read_manifest(root: Path) -> Any:
+    """The parsed manifest of the saved policy in ``root``: ``FileNotFoundError`` when it has none (not a
+    saved policy, or an unfinished save), ``ValueError`` when it does not parse."""
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {str(root)!r} is not a saved policy")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"corrupt checkpoint manifest {path}: {err}") from err
+
+
+def write_manifest(root: Path, manifest: Mapping[str, Any]) -> None:
+    """Write ``manifest`` as ``root``'s manifest in one step (a temporary file, then a rename): the last
+    file of a save, so a directory without it is an unfinished one."""
+    tmp = root / f".{MANIFEST_NAME}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, root / MANIFEST_NAME)
 
 
 def check_agent_record(root: Path, agent: str, theirs: Any, mine: Mapping[str, Any]) -> None:

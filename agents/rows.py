@@ -3,13 +3,15 @@ right-padded responses, ids within the vocabulary), padding, and the rows a batc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 ArrayLike = torch.Tensor | np.ndarray
+ArrayT = TypeVar("ArrayT", torch.Tensor, np.ndarray)
 
 
 def check_rows(
@@ -74,20 +76,49 @@ def to_tensor(value: Any, what: str) -> torch.Tensor:
 
 
 
-def strip_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop the leading columns that are padding in every row (envs left-pad to a fixed length)."""
-    if ids.numel() == 0 or not mask.any():
-        return ids, mask
-    start = int((mask != 0).any(0).nonzero()[0, 0])
+def strip_left(ids: ArrayT, mask: ArrayT, *, empty_ok: bool = False) -> tuple[ArrayT, ArrayT]:
+    """Drop the leading columns that are padding in every row (envs left-pad to a fixed length): (N, L)
+    -> (N, P), P the longest prompt; numpy arrays or tensors, returned as they came.
+
+    The boundary comes from the mask, never from pad ids (SmolLM2's pad is its end-of-turn token, which
+    also occurs inside chat prompts). A mask without a token raises ``ValueError``, or with ``empty_ok``
+    gives the rows back unchanged (for a caller whose own checks name the row).
+
+    >>> strip_left(np.array([[0, 0, 5, 6], [0, 7, 8, 9]]), np.array([[0, 0, 1, 1], [0, 1, 1, 1]]))[0]
+    array([[0, 5, 6],
+           [7, 8, 9]])
+    """
+    if ids.shape != mask.shape or len(ids.shape) != 2:
+        raise ValueError(
+            f"ids and mask must be (N, L) arrays of one shape, got shapes {tuple(ids.shape)} and {tuple(mask.shape)}"
+        )
+    held = (mask != 0).any(0)  # (L,) columns where some row has a token
+    held = held.cpu().numpy() if isinstance(held, torch.Tensor) else np.asarray(held)
+    if not held.any():
+        if empty_ok:
+            return ids, mask
+        raise ValueError("every row of the attention mask is empty: there is no prompt to keep")
+    start = int(held.argmax())
     return ids[:, start:], mask[:, start:]
 
 
-
 def left_pad(rows: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    """(N, W) rows -> (N, ``width``), ``value`` in the new leading columns."""
     if rows.shape[1] == width:
         return rows
     return torch.cat([rows.new_full((len(rows), width - rows.shape[1]), value), rows], dim=1)
 
+
+def left_padded(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D rows of ids as (N, L) long ids and mask on the CPU, left-padded with ``pad_id`` to the longest.
+
+    >>> [t.tolist() for t in left_padded([torch.tensor([5, 6]), torch.tensor([7])], 0)]
+    [[[5, 6], [0, 7]], [[1, 1], [0, 1]]]
+    """
+    width = max(len(r) for r in rows)
+    ids = torch.cat([left_pad(torch.as_tensor(r).to("cpu", torch.long)[None], width, pad_id) for r in rows])
+    mask = torch.cat([left_pad(torch.ones(1, len(r), dtype=torch.long), width, 0) for r in rows])
+    return ids, mask
 
 
 def right_pad(rows: torch.Tensor, width: int, value: float) -> torch.Tensor:

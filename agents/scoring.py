@@ -55,7 +55,8 @@ class ScoringMixin:
         # Position P-1+t predicts response token t: the last prompt token predicts the first.
         keep = torch.arange(width - 1, width + length - 1, device=group.device)
         if self._fused(group):
-            from agents.decoder import Block, bucket_length, chosen_logprobs, pad_left
+            from agents.decoder import Block, bucket_length, pad_left
+            from agents.head import chosen_logprobs
 
             rows = len(input_ids)
             adapters = [adapter, None] if with_reference else [adapter]

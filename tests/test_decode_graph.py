@@ -19,8 +19,8 @@ import torch
 from tiny_models import tiny_model
 
 from agents import LoraSettings, MultiAgentPolicy
-from agents.engine import race_draw, row_keys, uniform_noise
 from agents.graph import StaticDecode, length_bucket, row_bucket
+from agents.sampling import race_draw, row_keys, uniform_noise
 from llm_envs.tokenizers import load_tokenizer
 
 AGENTS = ("helper", "main")

@@ -18,6 +18,7 @@ from tiny_models import testing_device, tiny_model
 
 from agents import LoraSettings, MultiAgentPolicy
 from agents import decoder as decoder_module
+from agents import head as head_module
 from llm_envs.tokenizers import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -413,8 +414,8 @@ def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, tempe
     hidden = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, dtype=torch.float64)
     ids = torch.randint(0, 50, (3, 5))
-    monkeypatch.setattr(decoder_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # <= 4 rows a chunk: 4, 4, 4 and 3 of 15
-    got = decoder_module.chosen_logprobs(hidden, weight, ids, temperature)
+    monkeypatch.setattr(head_module, "HEAD_CHUNK_ELEMENTS", 50 * 4)  # <= 4 rows a chunk: 4, 4, 4 and 3 of 15
+    got = head_module.chosen_logprobs(hidden, weight, ids, temperature)
     expected = torch.log_softmax(hidden @ weight.t() / temperature, -1).gather(-1, ids[..., None]).squeeze(-1)
     torch.testing.assert_close(got, expected.float())
     upstream = torch.randn(3, 5, dtype=torch.float32)
@@ -422,14 +423,14 @@ def test_chunked_head_logprobs_and_gradient_equal_log_softmax(monkeypatch, tempe
     (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), hidden)
     torch.testing.assert_close(grad, expected_grad, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="frozen LM head"):
-        decoder_module.chosen_logprobs(hidden, weight.clone().requires_grad_(True), ids)
+        head_module.chosen_logprobs(hidden, weight.clone().requires_grad_(True), ids)
 
 
 def test_head_chunks_are_as_few_as_fit_and_of_equal_size():
     vocabulary = 49152  # SmolLM2: at most 128 rows of float32 logits a chunk
-    assert decoder_module.HEAD_CHUNK_ELEMENTS // vocabulary == 128
-    assert decoder_module.HEAD_CHUNK_ELEMENTS * 4 < 32 * 2**20  # below glibc's largest mmap threshold
-    sizes = {n: decoder_module._head_chunk_rows(n, vocabulary) for n in (1, 91, 128, 129, 192, 1000)}
+    assert head_module.HEAD_CHUNK_ELEMENTS // vocabulary == 128
+    assert head_module.HEAD_CHUNK_ELEMENTS * 4 < 32 * 2**20  # below glibc's largest mmap threshold
+    sizes = {n: head_module._head_chunk_rows(n, vocabulary) for n in (1, 91, 128, 129, 192, 1000)}
     assert sizes == {1: 1, 91: 91, 128: 128, 129: 65, 192: 96, 1000: 125}  # 1000: 8 chunks, not 7 + 104
 
 

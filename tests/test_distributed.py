@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+from agents import placement
 from baselines.infra import distributed
 from baselines.infra.distributed import DistInfo
 
@@ -137,22 +138,22 @@ def test_init_from_env_more_processes_than_gpus_names_the_fix(monkeypatch):
 def test_placement():
     agents = ["brief", "detailed"]
     two = DistInfo(rank=1, world_size=2, local_rank=1, local_world_size=2, backend="nccl")
-    cpu = distributed.device_for("data-parallel", agents, DistInfo(), cuda_devices=0)
+    cpu = placement.device_for("data-parallel", agents, DistInfo(), cuda_devices=0)
     assert cpu == {"brief": None, "detailed": None}
-    assert distributed.device_for("data-parallel", agents, two, cuda_devices=2) == {
+    assert placement.device_for("data-parallel", agents, two, cuda_devices=2) == {
         "brief": "cuda:1",
         "detailed": "cuda:1",
     }
-    assert distributed.device_for("agent-per-device", agents, two, cuda_devices=4) == {
+    assert placement.device_for("agent-per-device", agents, two, cuda_devices=4) == {
         "brief": "cuda:2",
         "detailed": "cuda:3",
     }
     with pytest.raises(ValueError, match=r"agent-per-device .* 2 agents .* 0 are visible \(no CUDA"):
-        distributed.device_for("agent-per-device", agents, DistInfo(), cuda_devices=0)
+        placement.device_for("agent-per-device", agents, DistInfo(), cuda_devices=0)
     with pytest.raises(ValueError, match="needs one CUDA device each"):
-        distributed.device_for("data-parallel", agents, two, cuda_devices=1)
+        placement.device_for("data-parallel", agents, two, cuda_devices=1)
     with pytest.raises(ValueError, match="'model-parallel'"):
-        distributed.device_for("model-parallel", agents, DistInfo())
+        placement.device_for("model-parallel", agents, DistInfo())
     from baselines.learners.magrpo import Config
 
     with pytest.raises(ValueError, match="'fsdp'"):
@@ -236,7 +237,7 @@ def test_agent_per_device_policy_reads_and_writes_multi_agent_checkpoints(tiny_m
             for p in tiny_policy.parameters(agent):
                 p.add_(0.01 * torch.randn_like(p))
     tiny_policy.save(tmp_path / "shared")
-    split = distributed.AgentPerDevicePolicy.from_pretrained(
+    split = placement.AgentPerDevicePolicy.from_pretrained(
         tiny_policy.agents, tiny_model_dir, {"brief": str(device), "detailed": str(device)},
         lora=LoraSettings(rank=4, alpha=8.0), dtype="float32",
     )
@@ -463,18 +464,18 @@ def test_agent_per_device_team_of_two_bases_trains(team_dirs, tmp_path, monkeypa
     from baselines.learners import magrpo
 
     built = {}
-    real_build = distributed.build_policy
+    real_build = placement.build_policy
 
     def build(*args, **kwargs):
         built["policy"] = real_build(*args, **kwargs)
         return built["policy"]
 
-    monkeypatch.setattr(distributed, "device_for", lambda *a, **k: {"brief": "cpu", "detailed": "cpu:0"})
-    monkeypatch.setattr(distributed, "build_policy", build)
+    monkeypatch.setattr(placement, "device_for", lambda *a, **k: {"brief": "cpu", "detailed": "cpu:0"})
+    monkeypatch.setattr(placement, "build_policy", build)
     config = team_config(team_dirs, tmp_path, placement="agent-per-device", num_problems=2, checkpoint_every=1)
     result = magrpo.main(config)
     policy = built["policy"]
-    assert isinstance(policy, distributed.AgentPerDevicePolicy)
+    assert isinstance(policy, placement.AgentPerDevicePolicy)
     assert policy.policies["detailed"].group("detailed").causal_lm.config.model_type == "qwen2"
     size = len(policy.tokenizer_of("detailed"))
     assert size < 400 and len(policy.tokenizer_of("brief")) == 49152
@@ -826,7 +827,7 @@ def tree_worker(spec: dict) -> None:
     parity_reward()
     out = Path(spec["out"])
     captured, depths = {}, []
-    build, grow = distributed.build_policy, tree.rollout_tree
+    build, grow = placement.build_policy, tree.rollout_tree
 
     def capture(*args, **kwargs):
         captured["policy"] = build(*args, **kwargs)
@@ -837,7 +838,7 @@ def tree_worker(spec: dict) -> None:
         depths.append(len(levels))
         return levels
 
-    distributed.build_policy, tree.rollout_tree = capture, record
+    placement.build_policy, tree.rollout_tree = capture, record
     rank = int(os.environ["RANK"])
     config = magrpo.Config(**{**spec["config"], "output_dir": str(out)})
     magrpo.main(dataclasses.replace(config, num_iterations=1))
@@ -867,7 +868,7 @@ def preference_worker(spec: dict) -> None:
 
     length_bonus_reward()
     out = Path(spec["out"])
-    captured = capture_policy(distributed, "build_policy")
+    captured = capture_policy(placement, "build_policy")
     rank = int(os.environ["RANK"])
     config = madpo.Config(**{**spec["madpo"], "output_dir": str(out)})
     madpo.main(dataclasses.replace(config, num_iterations=1))
@@ -918,7 +919,7 @@ def team_worker(spec: dict) -> None:
     from baselines.learners import magrpo
 
     out = Path(spec["out"])
-    captured = capture_policy(distributed, "build_policy")
+    captured = capture_policy(placement, "build_policy")
     length_bonus_reward()
     magrpo.main(magrpo.Config(**{**spec["config"], "output_dir": str(out)}))
     captured["policy"].save(out / f"team.rank{os.environ['RANK']}")
@@ -946,7 +947,7 @@ def worker(spec_path: str) -> None:
         team_worker(spec)
         return
     out = Path(spec["out"])
-    captured = capture_policy(distributed, "build_policy")
+    captured = capture_policy(placement, "build_policy")
     rank = int(os.environ["RANK"])
 
     def dump(name: str) -> None:

@@ -14,7 +14,8 @@ import torch
 from tiny_models import tiny_model
 
 from agents import LoraSettings, MultiAgentPolicy
-from agents.engine import TOP_P_CANDIDATES, engine_support, sampling_distribution
+from agents.engine import engine_support
+from agents.sampling import TOP_P_CANDIDATES, sampling_distribution
 from llm_envs.tokenizers import load_tokenizer
 
 AGENTS = ("helper", "main")

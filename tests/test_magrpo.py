@@ -19,9 +19,9 @@ import torch
 import tyro
 from numerics import assert_f32_close, assert_grads_close
 
+from agents.rows import strip_left
 from baselines.infra.checkpoints import CheckpointError, find_checkpoint
 from baselines.infra.metrics import read_metrics
-from baselines.infra.rows import strip_left_padding
 from baselines.learners import magrpo
 from baselines.learners.magrpo import Config
 from baselines.rl.policy_gradient import (
@@ -125,10 +125,10 @@ def test_masked_mean_kl_and_strip():
     pad = 2  # the pad id also occurs as a real token inside the prompt: only the mask decides
     ids = np.array([[pad, pad, pad, 5, pad, 6], [pad, pad, 7, 8, 9, 10]])
     mask = np.array([[0, 0, 0, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
-    kept_ids, kept_mask = strip_left_padding(ids, mask)
+    kept_ids, kept_mask = strip_left(ids, mask)
     assert kept_ids.tolist() == [[pad, 5, pad, 6], [7, 8, 9, 10]] and kept_mask.tolist() == [[0, 1, 1, 1], [1, 1, 1, 1]]
     with pytest.raises(ValueError, match="empty"):
-        strip_left_padding(ids, np.zeros_like(mask))
+        strip_left(ids, np.zeros_like(mask))
 
 
 def test_sequence_kl_by_hand():

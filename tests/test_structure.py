@@ -146,10 +146,7 @@ FLOORS = ("baselines.learners", "baselines.rl", "baselines.infra", "agents", "ll
 VARIANTS = {("baselines.learners.cory", "baselines.learners.ppo"): "CORY is PPO with a pioneer and an observer"}
 # Imports that break the stack today, each with the reason it is still here and the work that removes it.
 # The test fails when one of them is gone too, so the list only shrinks.
-NOT_YET = {
-    ("baselines.infra.distributed", "baselines.rl.tensors"): "strip_left_padding (now infra/rows.py's): merges into "
-    "agents/rows.py with its strip_left (#50; distributed.py and rows.py are being changed by #48)",
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def floor(module: str) -> int | None:

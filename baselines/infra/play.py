@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from agents.rows import strip_left
 from baselines.infra import distributed
-from baselines.infra.rows import pad_actions, strip_left_padding
+from baselines.infra.rows import pad_actions
 
 
 def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:
@@ -174,7 +175,7 @@ def play_episodes(
         if sample_seeds is None:
             prompts = {}
             for a in venv.agents:
-                ids, mask = strip_left_padding(obs[a]["observation"], obs[a]["attention_mask"])
+                ids, mask = strip_left(obs[a]["observation"], obs[a]["attention_mask"])
                 prompts[names[a]] = (torch.as_tensor(ids), torch.as_tensor(mask))
             out = policy.generate_joint(prompts, 1, **sampling)
         else:
@@ -258,7 +259,7 @@ def rollout(
         if groups is None:
             prompts = {
                 a: tuple(
-                    torch.as_tensor(x) for x in strip_left_padding(obs[a]["observation"], obs[a]["attention_mask"])
+                    torch.as_tensor(x) for x in strip_left(obs[a]["observation"], obs[a]["attention_mask"])
                 )
                 for a in venv.agents
             }

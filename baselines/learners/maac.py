@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from agents import placement
 from baselines.infra import distributed
 from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges, with_critic
 from baselines.infra.evaluation import summary
@@ -251,7 +252,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
     if CRITIC in agents:
         raise ValueError(f"env {config.env!r} has an agent named {CRITIC!r}, the name of MAAC's critic adapter")
     config.check_agents(agents)
-    device = distributed.device_for("data-parallel", agents, run.info, config.device)[agents[0]]
+    device = placement.device_for("data-parallel", agents, run.info, config.device)[agents[0]]
     # The critic sits on the first agent's base (or --critic-model) and reads every agent's prompt and
     # response in its own tokens: an agent of another tokenizer as its text, re-encoded (CriticReader).
     models = with_critic(config.model_of(agents), agents, config.critic_model)

@@ -36,9 +36,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from agents import placement
 from baselines.infra import distributed
 from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges, preset
-from baselines.infra.distributed import PLACEMENTS
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn, probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
@@ -123,51 +123,7 @@ class Config(LearnerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_ints(self, {"num_problems": 1, "num_generations": 1, "num_epochs": 1, "micro_batch_size": 0,
-                          "micro_batch_tokens": 0})
-        check_choice(self, "baseline", ("mean", "rloo", "max", "none"))
-        if self.num_generations < 2 and self.baseline != "none":
-            raise ValueError(
-                f"num_generations={self.num_generations} leaves a group of one: baseline={self.baseline!r} "
-                "would make every advantage 0. Use num_generations >= 2 or baseline='none'."
-            )
-        check_choice(self, "loss_aggregation", ("token-mean", "sequence-sum"))
-        check_ranges(self, {"kl_coef": (self.kl_coef >= 0, ">= 0")})
-        check_choice(self, "placement", PLACEMENTS)
-        if self.seed_per_problem is not None and not isinstance(self.seed_per_problem, bool):
-            raise ValueError(f"seed_per_problem must be True, False or None, got {self.seed_per_problem!r}")
-        check_choice(self, "rollout", ("linear", "tree"))
-        check_choice(self, "joint_mode", ("aligned", "cross"))
-        check_choice(self, "grouping", ("auto", "agent-turn", "problem-turn"))
-        if self.termination_threshold is not None and (
-            isinstance(self.termination_threshold, bool)
-            or not isinstance(self.termination_threshold, (int, float))
-            or not math.isfinite(self.termination_threshold)
-        ):
-            raise ValueError(
-                f"termination_threshold must be a finite float or None, got {self.termination_threshold!r}"
-            )
-        if self.rollout == "linear" and self.num_turns > 1:
-            for name, value, hint in (
-                ("joint_mode", self.joint_mode, "cross"),
-                ("grouping", self.grouping, "agent-turn"),
-            ):
-                if value == hint:
-                    raise ValueError(
-                        f"{name}={value!r} with rollout='linear' and num_turns={self.num_turns}: a linear episode "
-                        "continues one joint action per env, so later turns have one sample per history; use "
-                        "rollout='tree'"
-                    )
-            if self.termination_threshold is not None:
-                raise ValueError(
-                    f"termination_threshold={self.termination_threshold!r} prunes tree branches; use rollout='tree'"
-                )
-        check_choice(self, "protocol", ("auto", "parallel", "sequential"))
-        if self.resolved_protocol() == "sequential" and not self.uses_tree():
-            raise ValueError(
-                f"protocol={self.protocol!r} is sequential for {self.env!r} and rollout='linear': sequential "
-                "episodes are played as trees here (baselines/rl/tree.py); use rollout='tree'"
-            )
+        check(self)
 
     def check_processes(self, world_size: int) -> None:
         """Seeds per problem and at least one problem per process."""
@@ -210,6 +166,56 @@ class Config(LearnerConfig):
     def uses_tree(self) -> bool:
         """Whether this run plays tree rollouts (baselines/rl/tree.py): a tree, or cross joint sampling."""
         return self.rollout == "tree" or self.joint_mode == "cross"
+
+
+def check(config: Config) -> None:
+    """MAGRPO's rules for its fields, alone and together: a ``ValueError`` naming the fields and the fix.
+    :class:`Config` runs it after the shared settings' checks."""
+    check_ints(config, {"num_problems": 1, "num_generations": 1, "num_epochs": 1, "micro_batch_size": 0,
+                        "micro_batch_tokens": 0})
+    check_choice(config, "baseline", ("mean", "rloo", "max", "none"))
+    if config.num_generations < 2 and config.baseline != "none":
+        raise ValueError(
+            f"num_generations={config.num_generations} leaves a group of one: baseline={config.baseline!r} "
+            "would make every advantage 0. Use num_generations >= 2 or baseline='none'."
+        )
+    check_choice(config, "loss_aggregation", ("token-mean", "sequence-sum"))
+    check_ranges(config, {"kl_coef": (config.kl_coef >= 0, ">= 0")})
+    check_choice(config, "placement", placement.PLACEMENTS)
+    if config.seed_per_problem is not None and not isinstance(config.seed_per_problem, bool):
+        raise ValueError(f"seed_per_problem must be True, False or None, got {config.seed_per_problem!r}")
+    check_choice(config, "rollout", ("linear", "tree"))
+    check_choice(config, "joint_mode", ("aligned", "cross"))
+    check_choice(config, "grouping", ("auto", "agent-turn", "problem-turn"))
+    if config.termination_threshold is not None and (
+        isinstance(config.termination_threshold, bool)
+        or not isinstance(config.termination_threshold, (int, float))
+        or not math.isfinite(config.termination_threshold)
+    ):
+        raise ValueError(
+            f"termination_threshold must be a finite float or None, got {config.termination_threshold!r}"
+        )
+    if config.rollout == "linear" and config.num_turns > 1:
+        for name, value, hint in (
+            ("joint_mode", config.joint_mode, "cross"),
+            ("grouping", config.grouping, "agent-turn"),
+        ):
+            if value == hint:
+                raise ValueError(
+                    f"{name}={value!r} with rollout='linear' and num_turns={config.num_turns}: a linear episode "
+                    "continues one joint action per env, so later turns have one sample per history; use "
+                    "rollout='tree'"
+                )
+        if config.termination_threshold is not None:
+            raise ValueError(
+                f"termination_threshold={config.termination_threshold!r} prunes tree branches; use rollout='tree'"
+            )
+    check_choice(config, "protocol", ("auto", "parallel", "sequential"))
+    if config.resolved_protocol() == "sequential" and not config.uses_tree():
+        raise ValueError(
+            f"protocol={config.protocol!r} is sequential for {config.env!r} and rollout='linear': sequential "
+            "episodes are played as trees here (baselines/rl/tree.py); use rollout='tree'"
+        )
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -264,33 +270,18 @@ def main(config: Config) -> dict[str, float]:
     iteration's problems and the gradients are summed over processes (baselines/infra/distributed.py); only
     rank 0 evaluates, logs, plots and writes checkpoints, so ``eval*`` and ``plot`` are in rank 0's
     result only."""
-    from agents import ExpertTransition
-
     run = Run.begin(config)  # threads, processes, run directory, seeds
     per_problem = run.info.distributed if config.seed_per_problem is None else config.seed_per_problem
     positions = distributed.shard(range(config.num_problems))  # this rank's problems of each batch
-    b_local, g = len(positions), config.num_generations
-    n_envs = config.num_problems * g
     env_kwargs = config.build_env_kwargs()
     agents, _ = probe_env(config.env, max_new_tokens=config.max_new_tokens, **env_kwargs)
     config.check_agents(agents)
-    policy = distributed.build_policy(
-        agents,
-        config.model_of(agents),  # a team: agent -> its own base (--agent-models)
-        distributed.device_for(config.placement, agents, run.info, config.device),
-        dtype=config.dtype,
-        lora=config.lora_of(agents),
-        mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
-        backend=config.backend,
-        gradient_checkpointing=config.gradient_checkpointing,
-        activation_budget_mb=config.activation_budget_mb,
-        share_prompts=config.share_prompts,
-    )
+    policy = team_policy(config, agents, run)
     # The envs end each response at any of the policy's EOS ids, exactly where generation stopped; in
     # a team each agent's env speaks its own tokenizer.
     env_kwargs = team_env_kwargs(env_kwargs, policy, agents)
-    venv = make_vec(config.env, b_local * g, max_new_tokens=config.max_new_tokens,  # sequential: trees only
-                    **env_kwargs)
+    venv = make_vec(config.env, len(positions) * config.num_generations, max_new_tokens=config.max_new_tokens,
+                    **env_kwargs)  # sequential: trees only
     n_train = len(venv.envs[0].task.problems("train"))
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     run.resume(policy, optimizers)
@@ -303,62 +294,15 @@ def main(config: Config) -> dict[str, float]:
             t0 = time.perf_counter()
             problems = run.draw_problems(n_train, config.num_problems)
             if config.uses_tree():  # expand, returns leaves-up, advantages per node, update: baselines/rl/tree.py
-                seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
-                options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
-                sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
-                metrics = tree.train_step(policy, optimizers, venv.envs[0], seeds, options, config,
-                                          sample_seeds if per_problem else None)
-                t_rollout = metrics.pop("charts/rollout_s")
-                joint_samples = int(metrics["charts/joint_rewards"])
+                metrics, t_rollout, joint_samples = tree_step(policy, optimizers, venv, config, problems, positions,
+                                                              per_problem, iteration)
             else:
-                # 1. Rollout: B*G envs, problem-major; every turn one batched generate of all agents.
-                options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
-                seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
-                turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
-                t_rollout = time.perf_counter() - t0
-                distributed.check_equal(len(turns), "turns per episode")
-                metrics = {}
-                for agent in agents:
-                    # 2. Returns over turns, 3. group-relative advantages, 4. the agent's update.
-                    rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
-                    if config.kl_in == "reward" and config.kl_coef > 0:
-                        # The joint reward is shared; the penalty is this agent's own responses' KL.
-                        kl = torch.stack([response_kl(policy, agent, turn.responses[agent], config)
-                                          for turn in turns], 1)  # (N, turns)
-                        rewards = kl_penalized(rewards, kl, config.kl_coef)
-                        metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
-                    returns = discounted_returns(rewards, config.gamma)  # (N, turns)
-                    adv = grouped_advantages(returns, b_local, config)  # (N, turns)
-                    stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)
-                    metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
-                    metrics.update(agent_metrics(agent, turns, adv, returns))
-                last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
-                episode_return = distributed.gather_rows(sum(turn.rewards[agents[0]] for turn in turns))
-                metrics.update(reward_metrics(last))
-                metrics["charts/episode_return"] = float(np.mean(episode_return))
-                metrics["charts/reward_std"] = float(np.std(last["reward_total"]))
-                metrics["charts/responses"] = float(n_envs * len(turns) * len(agents))
-                joint_samples = n_envs * len(turns)
-
-            # 5. Log.
-            expert = env_kwargs.get("transition")
-            if isinstance(expert, ExpertTransition):  # the expert model's cost so far
-                metrics["charts/expert_tokens"] = expert.stats["generated_tokens"]
-                metrics["charts/expert_s"] = expert.stats["seconds"]
+                seeds, options = linear_batch(config, problems, positions, iteration)
+                metrics, t_rollout, joint_samples = linear_step(policy, optimizers, venv, config, agents, seeds,
+                                                                options, positions, per_problem, iteration, t0)
             step = iteration + 1
-            run.extra["samples"] = int(run.extra.get("samples", run.start_step * n_envs * config.num_turns))
-            run.extra["samples"] += joint_samples
-            metrics.update(mean_over_agents(metrics, ("pg_loss", "loss", "kl", "clip_fraction"), agents))
-            elapsed = time.perf_counter() - t0
-            metrics.update({
-                "charts/iteration": step,
-                "charts/samples": run.extra["samples"],
-                "charts/s_per_iteration": elapsed,
-                "charts/rollout_fraction": t_rollout / elapsed,
-                "charts/samples_per_s": joint_samples / elapsed,
-                "charts/responses_per_s": metrics["charts/responses"] / t_rollout,
-                "charts/learning_rate": config.learning_rate,
-            })
+            elapsed = add_charts(metrics, run, config, agents, env_kwargs.get("transition"), step, joint_samples,
+                                 t0, t_rollout)
             if not config.uses_tree():
                 run.write_samples(step, venv.envs, seeds, options)
             run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}", s_it=f"{elapsed:.1f}")
@@ -366,6 +310,107 @@ def main(config: Config) -> dict[str, float]:
     result = run.finish(metrics)
     venv.close()
     return result
+
+
+def team_policy(config: Config, agents: list[str], run: Run) -> Any:
+    """The team's policy, placed on this process's devices as ``--placement`` says."""
+    return placement.build_policy(
+        agents,
+        config.model_of(agents),  # a team: agent -> its own base (--agent-models)
+        placement.device_for(config.placement, agents, run.info, config.device),
+        dtype=config.dtype,
+        lora=config.lora_of(agents),
+        mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU
+        backend=config.backend,
+        gradient_checkpointing=config.gradient_checkpointing,
+        activation_budget_mb=config.activation_budget_mb,
+        share_prompts=config.share_prompts,
+    )
+
+
+def tree_step(
+    policy: Any, optimizers: dict[str, Any], venv: Any, config: Config, problems: Any, positions: list[int],
+    per_problem: bool, iteration: int,
+) -> tuple[dict[str, float], float, int]:
+    """One iteration of tree rollouts, handed whole to :func:`baselines.rl.tree.train_step`: (metrics,
+    rollout seconds, joint rewards)."""
+    seeds = [config.seed * 1_000_003 + iteration * config.num_problems + b for b in positions]
+    options = [{"task_index": int(problems[b]), "split": "train"} for b in positions]
+    sample_seeds = [distributed.group_seed(config.seed, iteration, 0, b) for b in positions]
+    metrics = tree.train_step(policy, optimizers, venv.envs[0], seeds, options, config,
+                              sample_seeds if per_problem else None)
+    t_rollout = metrics.pop("charts/rollout_s")
+    return metrics, t_rollout, int(metrics["charts/joint_rewards"])
+
+
+def linear_batch(config: Config, problems: Any, positions: list[int], iteration: int) -> tuple[list[int], list[dict]]:
+    """The env seeds and reset options of this rank's B*G linear episodes, problem-major."""
+    g = config.num_generations
+    n_envs = config.num_problems * g
+    options = [{"task_index": int(problems[b]), "split": "train"} for b in positions for _ in range(g)]
+    seeds = [config.seed * 1_000_003 + iteration * n_envs + b * g + k for b in positions for k in range(g)]
+    return seeds, options
+
+
+def linear_step(
+    policy: Any, optimizers: dict[str, Any], venv: Any, config: Config, agents: list[str], seeds: list[int],
+    options: list[dict], positions: list[int], per_problem: bool, iteration: int, t0: float,
+) -> tuple[dict[str, float], float, int]:
+    """One iteration of linear rollouts: (metrics, seconds from ``t0`` to the rollout's end, joint samples)."""
+    # 1. Rollout: B*G envs, problem-major; every turn one batched generate of all agents.
+    turns = rollout(policy, venv, seeds, options, config, positions if per_problem else None, iteration)
+    t_rollout = time.perf_counter() - t0
+    distributed.check_equal(len(turns), "turns per episode")
+    metrics: dict[str, float] = {}
+    for agent in agents:
+        # 2. Returns over turns, 3. group-relative advantages, 4. the agent's update.
+        rewards = torch.tensor(np.stack([turn.rewards[agent] for turn in turns], 1), dtype=torch.float32)
+        if config.kl_in == "reward" and config.kl_coef > 0:
+            # The joint reward is shared; the penalty is this agent's own responses' KL.
+            kl = torch.stack([response_kl(policy, agent, turn.responses[agent], config)
+                              for turn in turns], 1)  # (N, turns)
+            rewards = kl_penalized(rewards, kl, config.kl_coef)
+            metrics[f"agent_{agent}/kl"] = float(distributed.gather_rows(kl).mean())
+        returns = discounted_returns(rewards, config.gamma)  # (N, turns)
+        adv = grouped_advantages(returns, len(positions), config)  # (N, turns)
+        stats = update_agent(policy, optimizers[agent], agent, turns, adv, config)
+        metrics.update({f"agent_{agent}/{key}": value for key, value in stats.items()})
+        metrics.update(agent_metrics(agent, turns, adv, returns))
+    n_envs = config.num_problems * config.num_generations
+    last = distributed.gather_rows(dict(turns[-1].infos[agents[0]]))
+    episode_return = distributed.gather_rows(sum(turn.rewards[agents[0]] for turn in turns))
+    metrics.update(reward_metrics(last))
+    metrics["charts/episode_return"] = float(np.mean(episode_return))
+    metrics["charts/reward_std"] = float(np.std(last["reward_total"]))
+    metrics["charts/responses"] = float(n_envs * len(turns) * len(agents))
+    return metrics, t_rollout, n_envs * len(turns)
+
+
+def add_charts(
+    metrics: dict[str, float], run: Run, config: Config, agents: list[str], expert: Any, step: int,
+    joint_samples: int, t0: float, t_rollout: float,
+) -> float:
+    """5. The iteration's counters, rates and means over agents, added to ``metrics``; returns its seconds."""
+    from agents import ExpertTransition
+
+    if isinstance(expert, ExpertTransition):  # the expert model's cost so far
+        metrics["charts/expert_tokens"] = expert.stats["generated_tokens"]
+        metrics["charts/expert_s"] = expert.stats["seconds"]
+    n_envs = config.num_problems * config.num_generations
+    run.extra["samples"] = int(run.extra.get("samples", run.start_step * n_envs * config.num_turns))
+    run.extra["samples"] += joint_samples
+    metrics.update(mean_over_agents(metrics, ("pg_loss", "loss", "kl", "clip_fraction"), agents))
+    elapsed = time.perf_counter() - t0
+    metrics.update({
+        "charts/iteration": step,
+        "charts/samples": run.extra["samples"],
+        "charts/s_per_iteration": elapsed,
+        "charts/rollout_fraction": t_rollout / elapsed,
+        "charts/samples_per_s": joint_samples / elapsed,
+        "charts/responses_per_s": metrics["charts/responses"] / t_rollout,
+        "charts/learning_rate": config.learning_rate,
+    })
+    return elapsed
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
+from agents import placement
 from baselines.infra import distributed, play
 from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.infra.metrics import reward_metrics
@@ -423,7 +424,7 @@ def train(
         [*models, *critic],
         team_models,
         dtype=config.dtype,
-        device=distributed.device_for("data-parallel", models, run.info, config.device)[models[0]],
+        device=placement.device_for("data-parallel", models, run.info, config.device)[models[0]],
         lora=lora,
         value_head=True,
         mixed_batches=False,  # the generate backend only: PEFT's mixed batches measured slower on CPU

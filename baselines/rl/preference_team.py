@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from agents import placement
 from baselines.infra import distributed
 from baselines.infra.config import LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.infra.metrics import reward_metrics
@@ -157,8 +158,8 @@ class Team:
             models.update({x: models[agents[0]] for x in extra_agents})
         if isinstance(lora, dict):
             lora.update({x: lora[agents[0]] for x in extra_agents})
-        self.policy = distributed.build_policy(
-            everyone, models, distributed.device_for("data-parallel", everyone, run.info, config.device),
+        self.policy = placement.build_policy(
+            everyone, models, placement.device_for("data-parallel", everyone, run.info, config.device),
             dtype=config.dtype, lora=lora, mixed_batches=False, backend=config.backend,
             gradient_checkpointing=config.gradient_checkpointing, activation_budget_mb=config.activation_budget_mb,
             share_prompts=config.share_prompts, **policy_kwargs,

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from agents.memory import mapped_large_blocks
+from agents.rows import left_padded, strip_left
 from baselines.infra import distributed
 from baselines.rl.critic import critic_inputs, critic_values
 from baselines.rl.preference import Candidates, Pair, bradley_terry_loss
@@ -37,16 +38,6 @@ def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tu
 def joint_row(pair: Pair, side: str, agents: Sequence[str]) -> torch.Tensor:
     """The joint row of ``pair``'s ``side`` (``winners`` or ``losers``): every agent's prompt then response."""
     return torch.cat([t for a in agents for t in (pair.prompts[a], getattr(pair, side)[a])])
-
-
-def left_padded(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """1-D rows as (N, L) ids and mask, left-padded with ``pad_id``."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
-    return ids, mask
 
 
 def distinct_rows(pairs: Sequence[Pair], agents: Sequence[str]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -356,14 +347,13 @@ class LearnedRewardVec:
         return np.asarray(actions)
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        from baselines.infra.rows import strip_left_padding
 
         before, playing = self._obs, ~self._done
         obs, rewards, terms, truncs, infos = self.venv.step(actions)
         if before is None:
             raise RuntimeError("step before reset")
         acting = [a for a in actions if a in before]
-        prompts = {a: tuple(torch.as_tensor(x) for x in strip_left_padding(before[a]["observation"],
+        prompts = {a: tuple(torch.as_tensor(x) for x in strip_left(before[a]["observation"],
                                                                            before[a]["attention_mask"]))
                    for a in acting}
         responses = {a: response_tokens(self._ids(a, actions[a]), self.pad_ids[a], self.eos_ids[a]) for a in acting}

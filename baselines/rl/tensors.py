@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import torch
 
-# distributed.py reads strip_left_padding here until it merges into agents/rows.py with its strip_left
-# (#50); its home is baselines.infra.rows.
-from baselines.infra.rows import strip_left_padding  # noqa: F401
-
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` where ``mask`` is 1: over everything (``dim=None``) or along ``dim``.

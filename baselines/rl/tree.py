@@ -252,14 +252,15 @@ def _expand_parallel(
 ) -> tuple[dict[str, Any], list[list[_Outcome]]]:
     """Every agent samples G responses at every node (one ``generate_joint`` call); each joint action
     steps its own copy of the node's env."""
-    from baselines.infra.rows import pad_actions, strip_left_padding
+    from agents.rows import strip_left
+    from baselines.infra.rows import pad_actions
 
     combos = joint_indices(len(agents), g, mode)
     prompts = {}
     for a in agents:
         ids = np.stack([node.obs[a]["observation"] for node in frontier])  # type: ignore[index]
         mask = np.stack([node.obs[a]["attention_mask"] for node in frontier])  # type: ignore[index]
-        prompts[a] = tuple(torch.as_tensor(x) for x in strip_left_padding(ids, mask))
+        prompts[a] = tuple(torch.as_tensor(x) for x in strip_left(ids, mask))
     gens = policy.generate_joint(prompts, g, **_seed_kwargs([n.seed for n in frontier]), **sampling)
     length = frontier[0].env.max_new_tokens
     actions = {a: pad_actions(gens[a].response_ids, length, policy.pad_token_id_of(a)) for a in agents}
@@ -282,7 +283,8 @@ def _expand_sequential(
     """Agents in turn order: each answers the prompt of every partial joint action so far (its env
     copy, holding the earlier agents' responses), G samples per prompt for the first agent and in
     cross mode, one in aligned mode; one ``generate_joint`` call per agent for the whole level."""
-    from baselines.infra.rows import pad_actions, strip_left_padding
+    from agents.rows import strip_left
+    from baselines.infra.rows import pad_actions
 
     length = frontier[0].env.max_new_tokens
     # Per node: the partial joint actions so far, (env after them, each earlier agent's sample index).
@@ -292,7 +294,7 @@ def _expand_sequential(
         per_row = 1 if (k > 0 and mode == "aligned") else g
         rows = [(i, env, combo) for i, node_states in enumerate(states) for env, combo in node_states]
         obs = [env.observe(agent) for _, env, _ in rows]
-        ids, mask = strip_left_padding(
+        ids, mask = strip_left(
             np.stack([o["observation"] for o in obs]), np.stack([o["attention_mask"] for o in obs])
         )
         seeds = [
