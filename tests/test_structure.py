@@ -144,8 +144,8 @@ def test_no_import_cycle_in_baselines():
 # above. A learner imports no other learner (each is one algorithm), except a variant of the one it extends.
 FLOORS = ("baselines.learners", "baselines.rl", "baselines.infra", "agents", "llm_envs")
 VARIANTS = {("baselines.learners.cory", "baselines.learners.ppo"): "CORY is PPO with a pioneer and an observer"}
-# Imports that break the stack today, each with the reason it is still here and the work that removes it.
-# The test fails when one of them is gone too, so the list only shrinks.
+# Imports allowed to break the stack, each with the reason it is still there and the work that removes it (none
+# since 0.2.0). The test fails when a listed one is gone too, so the list only shrinks.
 NOT_YET: dict[tuple[str, str], str] = {}
 
 
