@@ -19,10 +19,12 @@ Five comparisons, each a fixed list of methods with hyper-parameters chosen befo
 Every method x seed is one **record**: ``<out>/<comparison>/<method>__s<seed>.json`` with the command,
 the flags, the per-iteration curve, the evaluation before and after, and the wall time, written as
 soon as that run finishes. A re-run skips the records that exist, so the page can be completed over
-several sittings. A record being run is marked (``<record>.running``, the pid), so sittings run in
-parallel split the missing records between them instead of starting one twice. The learners run
-through their command line (``llm-envs train ...`` / ``llm-envs eval ...``, in this process), each in
-its own run directory under ``--runs-dir``.
+several sittings; a training run a sitting left unfinished continues from its newest checkpoint
+(``results_resume.py``: one checkpoint per iteration, the record's ``legs`` and summed times). A
+record being run is marked (``<record>.running``, the pid), so sittings run in parallel split the
+missing records between them instead of starting one twice. The learners run through their command
+line (``llm-envs train ...`` / ``llm-envs eval ...``, in this process), each in its own run directory
+under ``--runs-dir``.
 
 This file is the command line; the comparisons and their records are in ``results_records.py``, the
 summaries, figures and the page's tables in ``results_page.py``, what the page says about the records

@@ -307,7 +307,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
         lines.append("")
         lines += significance_table(records, SECTION_TESTS[comparison])
     lines.append("")
-    lines.append("Records (one per method and seed; wall = seconds of that run on a machine shared with other jobs):")
+    lines.append("Records (one per method and seed; wall = seconds of that run on a machine shared with other jobs; "
+                 "a run resumed across sittings sums its legs, counting the iterations an interruption made it redo):")
     lines.append("")
     lines.append("| record | wall (s) | CPU (s) | load avg start / end | finished | commit | machine, dtype |")
     lines.append("|---|---|---|---|---|---|---|")
@@ -315,7 +316,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
         load = r["load_average_1min"]
         name = f"{r['method']}__s{r['seed']}"
         link = f"results/{r.get('reused_from', comparison)}/{name}.json"
-        lines.append(f"| [{name}]({link}) | {r['wall_s']} | {r.get('cpu_s', '—')} | "
+        legs = f" ({len(r['legs'])} legs)" if r.get("legs") else ""  # resumed across sittings: summed
+        lines.append(f"| [{name}]({link}) | {r['wall_s']}{legs} | {r.get('cpu_s', '—')} | "
                      f"{load['start']:.1f} / {load['end']:.1f} | {r['finished']} | {short_commit(r['commit'])} | "
                      f"{machine_label(r)} |")
     lines.append("")

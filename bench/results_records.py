@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from results_resume import LEGS, code_of, leg, resumable, totals
+
 ROOT = Path(__file__).resolve().parent.parent
 RECORDS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
@@ -124,8 +126,9 @@ QUICK = {
     "cory": {"num-iterations": 2, "batch-size": 2, "minibatch-size": 2, "num-ppo-epochs": 1, "min-new-tokens": 2,
              "max-new-tokens": 4, "num-eval-problems": 2},
 }
-RUN_FLAGS = {"checkpoint-every": 0, "tensorboard": False, "progress": False, "samples-every": 0}
-"""Flags of every training run (not part of the comparison): no checkpoints in between, no TensorBoard."""
+RUN_FLAGS = {"checkpoint-every": 1, "tensorboard": False, "progress": False, "samples-every": 0}
+"""Flags of every training run (not part of the comparison): a checkpoint each iteration (the newest two
+kept), so a run a sitting leaves unfinished continues in the next (``results_resume``); no TensorBoard."""
 LAST = 5
 """CORY comparison: final task reward and KL are the means over the last LAST iterations."""
 
@@ -528,24 +531,37 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
 
 def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: bool, runs_dir: Path,
                 model: str | None, threads: int | None) -> dict[str, Any]:
-    """Run one record's command and write the record; ``{"record", "status"}`` if the run failed."""
+    """Run one record's command and write the record; ``{"record", "status"}`` if the run failed. A
+    training run an earlier sitting left with a checkpoint continues from it (``results_resume``)."""
     argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
     run_dir, log = run_paths(comparison, m, seed, runs_dir)
-    if run_dir is not None and run_dir.exists():
-        shutil.rmtree(run_dir)  # an interrupted run without a record: start it again
+    command, code, host = shlex.join(argv), code_of(git_commit(), _DIFF[0] if _DIFF else ""), host_id()
+    from_step = None if run_dir is None else resumable(run_dir, command, code, host)
+    if run_dir is not None and run_dir.exists() and from_step is None:
+        shutil.rmtree(run_dir)  # an interrupted run without a checkpoint of this command and code: start it again
     load_start = os.getloadavg()[0]
     t0, c0 = time.perf_counter(), time.process_time()
-    status, stdout = run_cli(argv, log)
+    if run_dir is None:
+        status, stdout = run_cli(argv, log)
+        legs = None
+    else:
+        with leg(run_dir, command=command, code=code, host=host, from_step=from_step or 0) as legs:
+            status, stdout = run_cli([*argv, "--resume"] if from_step else argv, log)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if status != 0:
-        return {"record": path.name, "status": status}
+        if run_dir is not None and from_step:
+            (run_dir / LEGS).unlink(missing_ok=True)  # a resume that fails: the next sitting starts afresh
+        return {"record": path.name, "status": status, **({"resumed_from": from_step} if from_step else {})}
     record = make_record(comparison, m, seed, argv, stdout, wall, quick, run_dir,
                          (load_start, os.getloadavg()[0]), cpu)
+    if legs:
+        record.update(totals(legs))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-    return {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
+    done = {"record": path.name, "wall_s": record["wall_s"], "eval_total": record["eval"].get("total")}
+    return {**done, "resumed_from": from_step} if from_step else done
 
 
 def sweep_records(out: Path, name: str, comparison: str = "methods") -> dict[float, dict[str, Any] | None]:

@@ -175,6 +175,60 @@ def test_a_run_announces_each_record_and_marks_it_with_its_details(results, tiny
     assert int(pid) == os.getpid() and json.loads(detail) == {"log": started["log"]}
 
 
+def test_a_run_a_sitting_left_unfinished_resumes_to_the_uninterrupted_record(results, tiny_model_dir, tmp_path,
+                                                                           capsys) -> None:
+    """A training run killed after its first iteration's checkpoint continues in the next sitting with
+    ``--resume`` and gives the uninterrupted run's record, its two legs timed and summed; a directory
+    whose legs ran other code starts again from nothing."""
+    out, runs = tmp_path / "records", tmp_path / "runs"
+    argv = ["run", "magrpo", "--quick", "--model", tiny_model_dir, "--out", str(out), "--runs-dir", str(runs),
+            "--methods", "magrpo"]
+    assert results.main(argv) == 0
+    path, run_dir = out / "magrpo" / "magrpo__s0.json", runs / "quick" / "magrpo__magrpo__s0"
+    whole = json.loads(path.read_text(encoding="utf-8"))
+    timing = ("charts/s_per_iteration", "charts/samples_per_s", "charts/responses_per_s", "charts/rollout_fraction")
+
+    def learned() -> list[dict]:  # every logged value but the timings: losses, gradient norms, rewards, evals
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+        return [{k: v for k, v in row.items() if k not in timing} for row in rows]
+
+    uninterrupted = learned()
+    assert any("agent_writer/grad_norm" in row or any("grad_norm" in k for k in row) for row in uninterrupted)
+    assert "legs" not in whole and "--checkpoint-every 1" in whole["command"]
+    legs = json.loads((run_dir / "legs.json").read_text(encoding="utf-8"))
+    assert [leg["from_step"] for leg in legs] == [0] and legs[0]["wall_s"] == whole["wall_s"]
+
+    # The sitting ended during iteration 2: no record, no step-2 checkpoint, its log line half-written.
+    path.unlink()
+    import shutil
+
+    shutil.rmtree(run_dir / "checkpoints" / "step_000002")
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"step": 2, "reward/to')
+    capsys.readouterr()
+    assert results.main(argv) == 0
+    done = last_json(capsys)["done"]
+    assert [(d["record"], d["resumed_from"]) for d in done] == [("magrpo__s0.json", 1)]
+    resumed = json.loads(path.read_text(encoding="utf-8"))
+    assert resumed["command"] == whole["command"]  # the command of the run, not of its legs
+    assert resumed["eval"] == whole["eval"] and resumed["eval_before"] == whole["eval_before"]
+    assert {k: v for k, v in resumed["curve"].items() if k != "charts/s_per_iteration"} == {
+        k: v for k, v in whole["curve"].items() if k != "charts/s_per_iteration"}
+    assert learned() == uninterrupted
+    assert [leg["from_step"] for leg in resumed["legs"]] == [0, 1]
+    assert resumed["wall_s"] == pytest.approx(sum(leg["wall_s"] for leg in resumed["legs"]), abs=0.11)
+
+    # Legs of other code: nothing to continue, the run starts again (and is one leg).
+    path.unlink()
+    legs = json.loads((run_dir / "legs.json").read_text(encoding="utf-8"))
+    (run_dir / "legs.json").write_text(json.dumps([{**leg, "code": "another commit"} for leg in legs]))
+    capsys.readouterr()
+    assert results.main(argv) == 0
+    assert "resumed_from" not in last_json(capsys)["done"][0]
+    again = json.loads(path.read_text(encoding="utf-8"))
+    assert "legs" not in again and again["eval"] == whole["eval"]
+
+
 def test_helpers(results, tmp_path) -> None:
     assert results.to_argv({"swap-every": 0, "adaptive-kl": True, "eval-greedy": False}) == [
         "--swap-every", "0", "--adaptive-kl", "--no-eval-greedy"]
