@@ -27,9 +27,11 @@ line (``llm-envs train ...`` / ``llm-envs eval ...``, in this process), each in 
 under ``--runs-dir``.
 
 This file is the command line; the comparisons and their records are in ``results_records.py``, the
-summaries, figures and the page's tables in ``results_page.py``, what the page says about the records
-(readings, provenance, the paired and Welch tests with Holm's correction) in ``results_reading.py`` and
-``results_stats.py``. The page holds no number typed by hand: ``render`` writes every one from the records,
+summaries, figures and the page's tables in ``results_page.py``, what the page says about the records in
+``results_reading.py`` (the readings), ``results_provenance.py`` (machines, samplers, shared flags),
+``results_significance.py`` (the paired and Welch tests with Holm's correction; the math in
+``results_stats.py``) and ``results_values.py`` (a record's values, formatted); a run across sittings
+in ``results_resume.py``. The page holds no number typed by hand: ``render`` writes every one from the records,
 and ``tests/test_results_bench.py`` fails when docs/results.md differs from what it renders.
 
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)

@@ -9,16 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from results_reading import (
-    SECTION_TESTS,
-    distinct_runs,
-    provenance,
-    reading,
-    sampling_note,
-    save_samplers,
-    settings,
-    significance_table,
-)
+from results_provenance import distinct_runs, provenance, sampling_note, save_samplers, settings
+from results_reading import SECTION_TESTS, reading
 from results_records import (
     COMPARISONS,
     LAST,
@@ -29,6 +21,7 @@ from results_records import (
     missing_records,
     settings_of,
 )
+from results_significance import significance_table
 
 
 # ------------------------------------------------------------------------------------------ summaries

@@ -1,375 +1,43 @@
-"""What docs/results.md says about its records, computed from them: the provenance of each section (CPU
-kinds, hosts, threads, dtype, sampler, commits), the paired and Welch tests of a section's comparisons with
-Holm's correction, the settings the records share, and the sentences of each section's reading. A
-sentence states only what its function computes from the records; where the records cannot support a
-claim, the function does not write it.
+"""What docs/results.md says about each section's records: the sentences of its reading, each computed
+from the records; where the records cannot support a claim, the function does not write it. Each
+section's comparisons (:data:`SECTION_TESTS`: its tests table, one family for Holm's correction) and
+its reading (:data:`READINGS`).
 
-A new comparison's section reuses the same pieces: :func:`provenance` and :func:`significance_table` take
-any records, :func:`against` builds the "each method against a baseline" comparisons (one entry of
-:data:`SECTION_TESTS` gives the section its tests table and, without a :data:`READINGS` entry of its
-own, the reading :func:`against_baseline`), :func:`settings` the flags its records share. The page then
-needs the section's markers: ``<comparison>``, ``<comparison>-settings`` and ``<comparison>-reading``
+The pieces a section's reading is made of live below it: :mod:`results_values` (a record's values,
+formatted), :mod:`results_provenance` (each run once, machines, samplers, the shared flags) and
+:mod:`results_significance` (the paired and Welch tests, Holm's correction, the verdicts). A new
+comparison's section reuses them: :func:`~results_significance.against` builds its "each method against a
+baseline" comparisons (one entry of :data:`SECTION_TESTS` gives the section its tests table and, without a
+:data:`READINGS` entry of its own, the reading :func:`~results_significance.against_baseline`). The page
+then needs the section's markers: ``<comparison>``, ``<comparison>-settings`` and ``<comparison>-reading``
 (``render`` names any that is missing)."""
 
-import functools
-import json
 import math
-import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from results_records import CODING_SWEEP_RATES, LAST, ROOT, SWEEP_RATES, SWEEPS, chosen_rate, method, sweep_name
-from results_stats import TTest, holm, paired_t, welch_t
-
-Record = dict[str, Any]
-Value = Callable[[Record], float]
-
-# ------------------------------------------------------------------------------------------ formatting
-
-
-def v3(x: float, digits: int = 3) -> str:
-    """A value with ``digits`` decimals; a non-finite one marked (it is never dropped)."""
-    return f"{x:.{digits}f}" if math.isfinite(x) else f"⚠ {x}"
-
-
-def ms(values: Sequence[float], digits: int = 3) -> str:
-    """``mean ± std (n=N)`` of the values, a non-finite one counted beside n."""
-    from results_page import fmt, mean_std
-
-    return fmt(*mean_std(values), digits=digits)
-
-
-def slash(values: Iterable[float], digits: int = 3) -> str:
-    return " / ".join(v3(x, digits) for x in values)
-
-
-def span(values: Sequence[float], digits: int = 3) -> str:
-    """``lo-hi`` of the finite values (``lo`` alone when they are equal), the non-finite ones counted."""
-    finite = [x for x in values if math.isfinite(x)]
-    bad = len(values) - len(finite)
-    if not finite:
-        return f"⚠ {bad} non-finite"
-    lo, hi = min(finite), max(finite)
-    text = v3(lo, digits) if v3(lo, digits) == v3(hi, digits) else f"{v3(lo, digits)}-{v3(hi, digits)}"
-    return f"{text} (⚠ {bad} non-finite)" if bad else text
-
-
-def of(k: int, n: int) -> str:
-    """``every one of the 3`` / ``2 of 3`` / ``none of the 3``."""
-    return f"all {n}" if k == n else ("none" if k == 0 else f"{k} of {n}")
-
-
-def moving_average(values: Sequence[float], window: int) -> list[float]:
-    """Trailing moving average, the window clipped at the start (``baselines.infra.plots.smooth``).
-
-    >>> moving_average([1.0, 2.0, 3.0, 4.0], 2)
-    [1.0, 1.5, 2.5, 3.5]
-    """
-    return [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
-
-
-def window(record: Record, key: str, first: int, last: int | None = None) -> list[float]:
-    """A curve's values at iterations ``first``..``last`` (1-based, inclusive; ``last`` None: to the end)."""
-    curve = record["curve"]
-    return [v for it, v in zip(curve.get("iteration", []), curve.get(key, []))
-            if first <= it <= (last if last is not None else math.inf)]
-
-
-def first_iteration(record: Record, key: str, test: Callable[[float], bool]) -> int | None:
-    """The first iteration whose ``key`` passes ``test`` (None if none)."""
-    for it, v in zip(record["curve"].get("iteration", []), record["curve"].get(key, [])):
-        if test(v):
-            return int(it)
-    return None
-
-
-# ------------------------------------------------------------------------------------------ records
-def of_method(records: Sequence[Record], name: str) -> list[Record]:
-    """``name``'s records, by seed."""
-    return sorted((r for r in records if r["method"] == name), key=lambda r: r["seed"])
-
-
-def seeds(records: Sequence[Record]) -> str:
-    return " / ".join(str(r["seed"]) for r in records)
-
-
-def ev(key: str = "total", split: str = "eval") -> Value:
-    """A record's ``split`` (``eval``, ``eval_before``, ``validation``) value of ``key`` (NaN if absent)."""
-    return lambda r: float(r.get(split, {}).get(key, math.nan))
-
-
-def final(model: str, key: str) -> Value:
-    """The mean of a PPO / CORY curve's last iterations (``agent_<model>/<key>``), NaN when one is not finite."""
-    from results_page import last_mean
-
-    return lambda r: last_mean(r["curve"][f"agent_{model}/{key}"], LAST)
-
-
-def cpu_s(r: Record) -> float:
-    return float(r["cpu_s"]) if r.get("cpu_s") is not None else math.nan
-
-
-def run_source(r: Record) -> str:
-    """The file a record's run wrote: reused records and the seed-0 copies of sweep records name the
-    run they are, so a run counts once however many sections show it."""
-    if r.get("copied_from"):
-        return r["copied_from"]
-    return f"{r.get('reused_from', r['comparison'])}/{r['method']}__s{r['seed']}.json"
-
-
-def distinct_runs(records: Iterable[Record]) -> dict[str, Record]:
-    """Run file -> its record, each run once."""
-    runs: dict[str, Record] = {}
-    for r in records:
-        runs.setdefault(run_source(r), r)
-    return runs
-
-
-# ------------------------------------------------------------------------------------------ provenance
-COUNTER_DRAW = "5792c26"
-"""The commit that brought the counter-based draw (exponential race over counter-based random numbers;
-docs/agents.md "The rollout engine"): a record whose commit descends from it sampled with that draw,
-one before it with per-row ``torch.Generator``s and an inverse CDF."""
-SAMPLERS = "samplers.json"
-"""Beside the records: the sampler of each commit they name, as derived from git (``git merge-base
---is-ancestor``), kept so the page renders the same where the history is not at hand (a shallow clone)."""
-
-
-def commit_of(r: Record) -> str | None:
-    commit = r.get("commit")
-    return commit.removesuffix("+dirty") if commit else None
-
-
-@functools.cache
-def _known_samplers(out: Path) -> dict[str, str]:
-    try:
-        return dict(json.loads((out / SAMPLERS).read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return {}
-
-
-def sampler_of(commit: str | None, out: Path) -> str:
-    """``counter-based`` (the commit descends from :data:`COUNTER_DRAW`), ``earlier`` (it does not) or
-    ``unknown`` (no commit, or one git does not know); cached in ``out``'s :data:`SAMPLERS`."""
-    if not commit:
-        return "unknown"
-    known = _known_samplers(out)
-    if commit not in known:
-        try:
-            found = subprocess.run(["git", "merge-base", "--is-ancestor", COUNTER_DRAW, commit], cwd=ROOT,
-                                   capture_output=True).returncode
-        except OSError:
-            return "unknown"
-        if found not in (0, 1):  # 128: a commit this clone does not have
-            return "unknown"
-        known[commit] = "counter-based" if found == 0 else "earlier"
-    return known[commit]
-
-
-def save_samplers(out: Path) -> None:
-    """Write the samplers derived so far beside the records (``render`` does, so the page renders the
-    same without git history)."""
-    known = _known_samplers(out)
-    if known:
-        (out / SAMPLERS).write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n", encoding="utf-8")
-
-
-def cpu_kind(r: Record) -> str | None:
-    """``CPU model (ISA flags)`` of the record's run; None when the record does not name its machine."""
-    machine = r.get("machine") or {}
-    if not machine.get("cpu") or machine.get("isa") is None:
-        return None
-    return f"{machine['cpu']} ({' '.join(machine['isa'])})"
-
-
-def _field(r: Record, key: str) -> str | None:
-    value = (r.get("machine") or {}).get(key)
-    return None if value is None else str(value)
-
-
-def _tally(values: Sequence[str | None], noun: str) -> str:
-    """``one CPU kind: X`` / ``2 CPU kinds: X (3), Y (2)``, with the records that name none as unknown."""
-    known = [v for v in values if v is not None]
-    unknown = len(values) - len(known)
-    counts: dict[str, int] = {}
-    for v in known:
-        counts[v] = counts.get(v, 0) + 1
-    if not counts:
-        return f"{noun} unknown (none of the {len(values)} runs recorded it)"
-    if len(counts) == 1 and not unknown:
-        return f"one {noun}, {next(iter(counts))}"
-    text = f"{len(counts)} {noun}{'s' if len(counts) > 1 else ''}: " + ", ".join(
-        f"{k} ({n} runs)" for k, n in sorted(counts.items()))
-    return text + (f", unknown ({unknown} runs did not record it)" if unknown else "")
-
-
-def provenance(records: Sequence[Record], out: Path) -> str:
-    """Where and how a section's runs ran, each run once: CPU kinds, hosts, dtype, threads, the sampler
-    (from each commit), commits and uncommitted changes; what a record does not name is unknown."""
-    runs = list(distinct_runs(records).values())
-    samplers: dict[str, list[str]] = {}
-    for r in runs:
-        samplers.setdefault(sampler_of(commit_of(r), out), []).append(f"{r['method']}__s{r['seed']}")
-    sampler = "; ".join(f"{name} ({len(names)} runs)" for name, names in sorted(samplers.items()))
-    dirty = [r for r in runs if (r.get("commit") or "").endswith("+dirty")]
-    with_diff = sum(1 for r in dirty if r.get("diff"))
-    commits = {commit_of(r) for r in runs if commit_of(r)}
-    lines = [
-        f"**Provenance** ({len(runs)} distinct runs): {_tally([cpu_kind(r) for r in runs], 'CPU kind')}; "
-        f"{_tally([_field(r, 'host') for r in runs], 'host')}; {_tally([_field(r, 'dtype') for r in runs], 'dtype')}; "
-        f"{_tally([_field(r, 'threads') for r in runs], 'thread count')}.",
-        f"Sampler, from each record's commit ({COUNTER_DRAW}, the counter-based draw, an ancestor or not): {sampler}. "
-        f"{len(commits)} commits; {len(dirty)} runs on a tree with uncommitted changes"
-        + (f" ({with_diff} store their diff)." if dirty else "."),
-    ]
-    if len(samplers) > 1:
-        lines.append("Runs with different samplers draw different samples from the same seed: "
-                     "compare them by their spread over seeds, not seed by seed.")
-    return " ".join(lines)
-
-
-# ------------------------------------------------------------------------------------------ statistics
-Comparison = tuple[str, str, str, Value]
-"""(what is measured, method A, method B, the value of a record): a test of A - B over seeds."""
-
-
-def against(baseline: str, others: Sequence[str], what: str = "eval total",
-            value: Value | None = None) -> list[Comparison]:
-    """``baseline`` against each of ``others`` on one value (default: the eval total after training)."""
-    return [(what, baseline, other, value or ev()) for other in others]
-
-
-def _p(p: float) -> str:
-    return "—" if math.isnan(p) else (f"{p:.3g}" if p >= 0.001 else "<0.001")
-
-
-@dataclass(frozen=True)
-class Tested:
-    """One comparison of a section, tested: A's and B's values by seed, the paired and Welch tests, and
-    their p-values after Holm's correction over the section's family of comparisons."""
-
-    what: str
-    a: str
-    b: str
-    values_a: dict[int, float]
-    values_b: dict[int, float]
-    paired: TTest
-    welch: TTest
-    paired_holm: float
-    welch_holm: float
-
-    @property
-    def shared(self) -> list[int]:
-        return sorted(set(self.values_a) & set(self.values_b))
-
-
-def family_tests(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[Tested]:
-    """Every comparison of a section tested, paired (on the seeds A and B share: the same eval articles
-    and sampling seed) and by Welch, each family corrected by Holm (comparisons with no test, fewer than
-    two values a side or no spread, are not counted in it)."""
-    found = []
-    for what, a, b, value in comparisons:
-        ra, rb = by_seed(records, a, value), by_seed(records, b, value)
-        shared = sorted(set(ra) & set(rb))
-        found.append((what, a, b, ra, rb, paired_t([ra[s] for s in shared], [rb[s] for s in shared]),
-                      welch_t(list(ra.values()), list(rb.values()))))
-    paired_holm, welch_holm = holm([f[5].p for f in found]), holm([f[6].p for f in found])
-    return [Tested(*f, ph, wh) for f, ph, wh in zip(found, paired_holm, welch_holm)]
-
-
-def significance_table(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
-    """Markdown: per comparison the mean difference A - B, the seed-by-seed differences, the paired
-    t-test and Welch's, each with its p after Holm's correction over the comparisons of this table."""
-    tested = family_tests(records, comparisons)
-    lines = [f"Tests (two-sided; Holm's correction over the {sum(1 for t in tested if not math.isnan(t.paired.p))} "
-             f"paired and {sum(1 for t in tested if not math.isnan(t.welch.p))} Welch tests of this table; n < 2 a "
-             "side, or no spread: no test):", "",
-             "| measure | A - B | mean difference | per seed | paired t (df), p, Holm p | Welch t (df), p, Holm p | "
-             "seeds |",
-             "|---|---|---|---|---|---|---|"]
-    for t in tested:
-        diffs = ", ".join(f"{v3(t.values_a[s] - t.values_b[s])} (s{s})" for s in t.shared) or "no shared seed"
-        diff = _mean(list(t.values_a.values())) - _mean(list(t.values_b.values()))
-        paired = "—" if math.isnan(t.paired.p) else \
-            f"{t.paired.t:.2f} ({t.paired.df:.0f}), {_p(t.paired.p)}, **{_p(t.paired_holm)}**"
-        welch = "—" if math.isnan(t.welch.p) else \
-            f"{t.welch.t:.2f} ({t.welch.df:.1f}), {_p(t.welch.p)}, **{_p(t.welch_holm)}**"
-        lines.append(f"| {t.what} | {method_label(records, t.a)} - {method_label(records, t.b)} | {v3(diff)} | "
-                     f"{diffs} | {paired} | {welch} | {len(t.values_a)} + {len(t.values_b)} |")
-    return lines
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def by_seed(records: Sequence[Record], name: str, value: Value) -> dict[int, float]:
-    """Seed -> ``value`` of method ``name``'s record."""
-    return {r["seed"]: value(r) for r in of_method(records, name)}
-
-
-def method_label(records: Sequence[Record], name: str) -> str:
-    mine = of_method(records, name)
-    return mine[0]["label"] if mine else name
-
-
-# ------------------------------------------------------------------------------------------ settings
-SHOWN_FLAGS = ("max-source-words", "num-problems", "num-generations", "max-new-tokens", "num-iterations",
-               "learning-rate", "lora-rank", "lora-alpha", "normalize-std", "temperature", "top-p", "top-k",
-               "num-eval-problems", "eval-greedy", "num-validation-problems", "batch-size", "minibatch-size",
-               "num-ppo-epochs", "min-new-tokens", "init-kl-coef", "adaptive-kl", "kl-target", "kl-horizon",
-               "swap-every", "num-turns", "centralized", "prefill", "num-prompts", "num-candidates",
-               "pairs-per-prompt", "batch-pairs", "iterative", "comparator", "replay")
-
-
-def _flag(name: str, v: Any) -> str:
-    return f"`--{name}`" if v is True else (f"`--no-{name}`" if v is False else f"`--{name} {v}`")
-
-
-def settings(records: Sequence[Record]) -> str:
-    """The flags every record of a section ran with, and each method's own, read from the records (not
-    from the code's settings, which a later commit may have changed)."""
-    if not records:
-        return "No record yet."
-    runs = [r for r in records if r.get("flags")]
-    if not runs:
-        return "**Flags**: no record names its flags."
-    shared = {k: v for k, v in runs[0]["flags"].items()
-              if k in SHOWN_FLAGS and all(r["flags"].get(k, object()) == v for r in runs)}
-    lines = [f"**Flags every record ran with** (their `flags`): {', '.join(_flag(k, v) for k, v in shared.items())}."]
-    names = list(dict.fromkeys(r["method"] for r in runs))
-    own = []
-    for name in names:
-        mine = [r for r in runs if r["method"] == name]
-        flags = {k: v for k, v in mine[0]["flags"].items()
-                 if k in SHOWN_FLAGS and k not in shared and all(r["flags"].get(k, object()) == v for r in mine)}
-        if flags:
-            own.append(f"{mine[0]['label']}: {', '.join(_flag(k, v) for k, v in flags.items())}")
-    if own:
-        lines.append("Each method's own: " + "; ".join(own) + ".")
-    untrained = [r for r in records if not r.get("flags")]
-    if untrained:
-        lines.append(f"{len(untrained)} records name no flags.")
-    return " ".join(lines)
-
-
-# ------------------------------------------------------------------------------------------ readings
-def cpu_line(records: Sequence[Record]) -> str:
-    """CPU seconds a run, per method (each run once; records that did not time it, unknown)."""
-    parts = []
-    for name in dict.fromkeys(r["method"] for r in records):
-        values = [cpu_s(r) for r in of_method(records, name)]
-        known = [x for x in values if math.isfinite(x)]
-        if known:
-            unknown = len(values) - len(known)
-            parts.append(f"{method_label(records, name)} {span(known, 0)}" + (f" ({unknown} "
-                                                                              f"unknown)" if unknown else ""))
-        else:
-            parts.append(f"{method_label(records, name)} unknown")
-    return "CPU seconds a run (the process's own CPU time, the fairer measure of cost on a shared machine): " + \
-        "; ".join(parts) + "."
+from results_provenance import distinct_runs
+from results_records import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, chosen_rate, method, sweep_name
+from results_significance import Comparison, against, against_baseline, direction, family_tests, verdict
+from results_values import (
+    Record,
+    Value,
+    cpu_line,
+    cpu_s,
+    ev,
+    final,
+    first_iteration,
+    method_label,
+    moving_average,
+    ms,
+    of,
+    of_method,
+    seeds,
+    slash,
+    span,
+    v3,
+    window,
+)
 
 
 def _moved(before: Sequence[float], after: Sequence[float]) -> int:
@@ -740,32 +408,22 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
 
 
 CODING_MEASURES = (("eval pass@1", ev("pass@1")), ("eval tests", ev("tests")))
+
+
 """What the coding section compares: pass@1 and the fraction of assertions passed, the two measures the
 one coder (no helper, so no aux levels) and the pair are scored by alike."""
+
+
 CODING_TESTS: list[Comparison] = [
     *(c for what, value in CODING_MEASURES
       for c in against("magrpo", ["untrained-parallel", "untrained-sequential", "single"], what, value)),
     *(("eval pass@1" if i == 0 else "eval tests", "magrpo-2turn", "magrpo", value)
       for i, (_, value) in enumerate(CODING_MEASURES)),
 ]
+
+
 """The paper's claims on code (issue #51): the MAGRPO pair above the untrained pairs and the one coder,
 and two turns with the tests' feedback above one turn; on each measure of :data:`CODING_MEASURES`."""
-
-
-def direction(t: "Tested", level: float = 0.05) -> str:
-    """Whether the paper's direction (A above B) holds on a tested comparison: it holds (above, and
-    significant after Holm's correction by either test), holds in direction only, does not hold (A not
-    above B), or is not measurable (no shared seed, or every value the same on both sides)."""
-    a, b = list(t.values_a.values()), list(t.values_b.values())
-    if not (a and b):
-        return "not measurable yet (no record on one side)"
-    if len({*a, *b}) == 1:
-        return f"not measurable at this size (every value is {v3(a[0])} on both sides)"
-    if _mean(a) <= _mean(b):
-        return "does not hold"
-    if min(t.paired_holm, t.welch_holm) < level:
-        return f"holds (significant at {level:g} after Holm's correction)"
-    return f"holds in direction only (not significant at {level:g} after Holm's correction)"
 
 
 def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: Path) -> list[str]:
@@ -807,35 +465,6 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
     return out
 
 
-def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
-    """The reading any section of comparisons against a baseline can have (``SECTION_TESTS``): per
-    comparison both means, on how many shared seeds A is ahead of B and by how much, and whether the
-    difference holds after Holm's correction."""
-    out = []
-    for t in family_tests(records, comparisons):
-        if not (t.values_a and t.values_b):
-            continue
-        ahead = sum(1 for seed in t.shared if t.values_a[seed] > t.values_b[seed])
-        out.append(f"- **{method_label(records, t.a)} against {method_label(records, t.b)}** ({t.what}): "
-                   f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}; above it on "
-                   f"{of(ahead, len(t.shared))} shared seeds (A - B: "
-                   f"{slash(t.values_a[seed] - t.values_b[seed] for seed in t.shared)}); {verdict(t)}.")
-    return out
-
-
-def verdict(t: Tested, level: float = 0.05) -> str:
-    """Whether a comparison's difference holds at ``level`` after Holm's correction, paired and Welch."""
-    if math.isnan(t.paired_holm) and math.isnan(t.welch_holm):
-        return "no test (fewer than two seeds a side, or no spread)"
-    holds = [name for name, p in (("paired", t.paired_holm), ("Welch", t.welch_holm)) if p < level]
-    shown = f"Holm-corrected p {_p(t.paired_holm)} paired, {_p(t.welch_holm)} Welch"
-    if len(holds) == 2:
-        return f"significant at {level:g} by both tests ({shown})"
-    if holds:
-        return f"significant at {level:g} by the {holds[0]} test only ({shown})"
-    return f"not significant at {level:g} ({shown})"
-
-
 SECTION_TESTS: dict[str, list[Comparison]] = {
     "magrpo": against("magrpo", ["untrained-parallel", "untrained-sequential", "single-reference", "single-strict",
                                  "magrpo-2turn"]),
@@ -844,10 +473,15 @@ SECTION_TESTS: dict[str, list[Comparison]] = {
     "methods": against("magrpo", ["madpo-iterative", "madpo", "marlhf", "centralized-prefill", "centralized"]),
     "coding": CODING_TESTS,
 }
+
+
 """Each section's comparisons, tested in its table (one family for Holm's correction) and read by
 :func:`against_baseline`; a new section adds its entry (``against(baseline, others)``)."""
 
+
 Records = Sequence[Record]
+
+
 READINGS: dict[str, Callable[[Mapping[str, Records], Path, int], list[str]]] = {
     "magrpo": lambda of, out, smoothing: reading_magrpo(of["magrpo"], smoothing),
     "cory": lambda of, out, smoothing: reading_cory(of["cory"]),
@@ -856,6 +490,8 @@ READINGS: dict[str, Callable[[Mapping[str, Records], Path, int], list[str]]] = {
                                                          out),
     "coding": lambda of, out, smoothing: reading_coding(of["coding"], of.get("coding-sweep", []), out),
 }
+
+
 """Each section's own reading, from the records of every comparison (by name), the records' folder and
 the figures' smoothing. A section with tests (``SECTION_TESTS``) and no entry here reads
 :func:`against_baseline`; one with neither has no reading (the sweep, read in ``methods``'s)."""
@@ -875,30 +511,3 @@ def reading(comparison: str, records_of: Mapping[str, Records], out: Path, smoot
     if not records and not (sweep and records_of.get(sweep)):
         return "No record yet."
     return "\n".join(lines)
-
-
-def sampling_note(records: Sequence[Record], out: Path) -> str:
-    """Which sampler each section's runs used, from their commits; and what the change did to the one
-    figure that can show it, the untrained pair's eval before training on the same eval articles."""
-    per: dict[str, dict[str, int]] = {}
-    for comparison in dict.fromkeys(r["comparison"] for r in records):
-        for r in distinct_runs(x for x in records if x["comparison"] == comparison).values():
-            counts = per.setdefault(comparison, {})
-            kind = sampler_of(commit_of(r), out)
-            counts[kind] = counts.get(kind, 0) + 1
-    text = (f"*Sampling changed at commit {COUNTER_DRAW} (counter-based random numbers and an exponential-race draw, "
-            "docs/agents.md \"The rollout engine\"); a run at a later commit draws other samples from the same seed. "
-            "The sampler of each run, from its commit: "
-            + "; ".join(f"`{c}` " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-                        for c, counts in per.items())
-            + ".")
-    old = [r for r in records if r["comparison"] == "magrpo" and r["method"] == "untrained-parallel"]
-    new = [r for r in records if r["comparison"] == "methods" and r["method"] == "magrpo"]
-    kinds = {sampler_of(commit_of(r), out) for r in old}, {sampler_of(commit_of(r), out) for r in new}
-    if old and new and kinds[0] != kinds[1] and len(kinds[0]) == len(kinds[1]) == 1:
-        text += (f" The untrained pair on the same eval articles and seeds scores {ms([ev()(r) for r in old])} with "
-                 f"the "
-                 f"{next(iter(kinds[0]))} draw (section 1) and {ms([ev(split='eval_before')(r) for r in new])} with "
-                 f"the "
-                 f"{next(iter(kinds[1]))} one (section 4's eval before training).")
-    return text + "*"

@@ -471,7 +471,7 @@ def host_id() -> str:
 
 def machine_label(record: Mapping[str, Any]) -> str:
     """``CPU model (isa flags), dtype, host`` of a record; ``unknown`` for records written before runs named
-    it (never counted as a machine: ``results_reading.provenance`` counts them apart)."""
+    it (never counted as a machine: ``results_provenance.provenance`` counts them apart)."""
     machine = record.get("machine")
     if not machine:
         return "unknown"

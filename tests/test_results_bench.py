@@ -460,7 +460,7 @@ def _record(method: str, seed: int, **fields) -> dict:
 
 
 def test_provenance_counts_unknown_apart_and_derives_the_sampler_from_git(results, tmp_path) -> None:
-    reading = sys.modules["results_reading"]
+    reading = sys.modules["results_provenance"]
     epyc = {"cpu": "AMD EPYC", "isa": ["avx2"], "dtype": "bfloat16", "threads": 1, "host": "a"}
     xeon = {**epyc, "cpu": "Intel Xeon", "host": "b"}
     one_and_unknown = [_record("ppo", 0, machine=epyc), _record("ppo", 1)]
@@ -518,7 +518,7 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
 def test_a_reading_states_what_its_records_show(results) -> None:
     """The reading of a comparison against a baseline is computed: the seeds on which A is above B, the
     differences, and the verdict after Holm's correction over the section's comparisons."""
-    reading = sys.modules["results_reading"]
+    reading = sys.modules["results_significance"]
 
     def runs(name: str, totals: list[float]) -> list[dict]:
         return [_record(name, seed, label=name, eval={"total": t}) for seed, t in enumerate(totals)]

@@ -1,0 +1,204 @@
+"""Where a section's runs came from, computed from their records: each run once (a reused record or a
+sweep record copied as seed 0 counts once), the CPU kinds, hosts, threads and dtype, the sampler of each
+commit (derived from git and kept beside the records), the flags the records share, and the page's note
+on the sampler change."""
+
+import functools
+import json
+import subprocess
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from results_records import ROOT
+from results_values import Record, ev, ms
+
+
+def run_source(r: Record) -> str:
+    """The file a record's run wrote: reused records and the seed-0 copies of sweep records name the
+    run they are, so a run counts once however many sections show it."""
+    if r.get("copied_from"):
+        return r["copied_from"]
+    return f"{r.get('reused_from', r['comparison'])}/{r['method']}__s{r['seed']}.json"
+
+
+def distinct_runs(records: Iterable[Record]) -> dict[str, Record]:
+    """Run file -> its record, each run once."""
+    runs: dict[str, Record] = {}
+    for r in records:
+        runs.setdefault(run_source(r), r)
+    return runs
+
+
+COUNTER_DRAW = "5792c26"
+
+
+"""The commit that brought the counter-based draw (exponential race over counter-based random numbers;
+docs/agents.md "The rollout engine"): a record whose commit descends from it sampled with that draw,
+one before it with per-row ``torch.Generator``s and an inverse CDF."""
+
+
+SAMPLERS = "samplers.json"
+
+
+"""Beside the records: the sampler of each commit they name, as derived from git (``git merge-base
+--is-ancestor``), kept so the page renders the same where the history is not at hand (a shallow clone)."""
+
+
+def commit_of(r: Record) -> str | None:
+    commit = r.get("commit")
+    return commit.removesuffix("+dirty") if commit else None
+
+
+@functools.cache
+def _known_samplers(out: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads((out / SAMPLERS).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def sampler_of(commit: str | None, out: Path) -> str:
+    """``counter-based`` (the commit descends from :data:`COUNTER_DRAW`), ``earlier`` (it does not) or
+    ``unknown`` (no commit, or one git does not know); cached in ``out``'s :data:`SAMPLERS`."""
+    if not commit:
+        return "unknown"
+    known = _known_samplers(out)
+    if commit not in known:
+        try:
+            found = subprocess.run(["git", "merge-base", "--is-ancestor", COUNTER_DRAW, commit], cwd=ROOT,
+                                   capture_output=True).returncode
+        except OSError:
+            return "unknown"
+        if found not in (0, 1):  # 128: a commit this clone does not have
+            return "unknown"
+        known[commit] = "counter-based" if found == 0 else "earlier"
+    return known[commit]
+
+
+def save_samplers(out: Path) -> None:
+    """Write the samplers derived so far beside the records (``render`` does, so the page renders the
+    same without git history)."""
+    known = _known_samplers(out)
+    if known:
+        (out / SAMPLERS).write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n", encoding="utf-8")
+
+
+def cpu_kind(r: Record) -> str | None:
+    """``CPU model (ISA flags)`` of the record's run; None when the record does not name its machine."""
+    machine = r.get("machine") or {}
+    if not machine.get("cpu") or machine.get("isa") is None:
+        return None
+    return f"{machine['cpu']} ({' '.join(machine['isa'])})"
+
+
+def _field(r: Record, key: str) -> str | None:
+    value = (r.get("machine") or {}).get(key)
+    return None if value is None else str(value)
+
+
+def _tally(values: Sequence[str | None], noun: str) -> str:
+    """``one CPU kind: X`` / ``2 CPU kinds: X (3), Y (2)``, with the records that name none as unknown."""
+    known = [v for v in values if v is not None]
+    unknown = len(values) - len(known)
+    counts: dict[str, int] = {}
+    for v in known:
+        counts[v] = counts.get(v, 0) + 1
+    if not counts:
+        return f"{noun} unknown (none of the {len(values)} runs recorded it)"
+    if len(counts) == 1 and not unknown:
+        return f"one {noun}, {next(iter(counts))}"
+    text = f"{len(counts)} {noun}{'s' if len(counts) > 1 else ''}: " + ", ".join(
+        f"{k} ({n} runs)" for k, n in sorted(counts.items()))
+    return text + (f", unknown ({unknown} runs did not record it)" if unknown else "")
+
+
+def provenance(records: Sequence[Record], out: Path) -> str:
+    """Where and how a section's runs ran, each run once: CPU kinds, hosts, dtype, threads, the sampler
+    (from each commit), commits and uncommitted changes; what a record does not name is unknown."""
+    runs = list(distinct_runs(records).values())
+    samplers: dict[str, list[str]] = {}
+    for r in runs:
+        samplers.setdefault(sampler_of(commit_of(r), out), []).append(f"{r['method']}__s{r['seed']}")
+    sampler = "; ".join(f"{name} ({len(names)} runs)" for name, names in sorted(samplers.items()))
+    dirty = [r for r in runs if (r.get("commit") or "").endswith("+dirty")]
+    with_diff = sum(1 for r in dirty if r.get("diff"))
+    commits = {commit_of(r) for r in runs if commit_of(r)}
+    lines = [
+        f"**Provenance** ({len(runs)} distinct runs): {_tally([cpu_kind(r) for r in runs], 'CPU kind')}; "
+        f"{_tally([_field(r, 'host') for r in runs], 'host')}; {_tally([_field(r, 'dtype') for r in runs], 'dtype')}; "
+        f"{_tally([_field(r, 'threads') for r in runs], 'thread count')}.",
+        f"Sampler, from each record's commit ({COUNTER_DRAW}, the counter-based draw, an ancestor or not): {sampler}. "
+        f"{len(commits)} commits; {len(dirty)} runs on a tree with uncommitted changes"
+        + (f" ({with_diff} store their diff)." if dirty else "."),
+    ]
+    if len(samplers) > 1:
+        lines.append("Runs with different samplers draw different samples from the same seed: "
+                     "compare them by their spread over seeds, not seed by seed.")
+    return " ".join(lines)
+
+
+SHOWN_FLAGS = ("max-source-words", "num-problems", "num-generations", "max-new-tokens", "num-iterations",
+               "learning-rate", "lora-rank", "lora-alpha", "normalize-std", "temperature", "top-p", "top-k",
+               "num-eval-problems", "eval-greedy", "num-validation-problems", "batch-size", "minibatch-size",
+               "num-ppo-epochs", "min-new-tokens", "init-kl-coef", "adaptive-kl", "kl-target", "kl-horizon",
+               "swap-every", "num-turns", "centralized", "prefill", "num-prompts", "num-candidates",
+               "pairs-per-prompt", "batch-pairs", "iterative", "comparator", "replay")
+
+
+def _flag(name: str, v: Any) -> str:
+    return f"`--{name}`" if v is True else (f"`--no-{name}`" if v is False else f"`--{name} {v}`")
+
+
+def settings(records: Sequence[Record]) -> str:
+    """The flags every record of a section ran with, and each method's own, read from the records (not
+    from the code's settings, which a later commit may have changed)."""
+    if not records:
+        return "No record yet."
+    runs = [r for r in records if r.get("flags")]
+    if not runs:
+        return "**Flags**: no record names its flags."
+    shared = {k: v for k, v in runs[0]["flags"].items()
+              if k in SHOWN_FLAGS and all(r["flags"].get(k, object()) == v for r in runs)}
+    lines = [f"**Flags every record ran with** (their `flags`): {', '.join(_flag(k, v) for k, v in shared.items())}."]
+    names = list(dict.fromkeys(r["method"] for r in runs))
+    own = []
+    for name in names:
+        mine = [r for r in runs if r["method"] == name]
+        flags = {k: v for k, v in mine[0]["flags"].items()
+                 if k in SHOWN_FLAGS and k not in shared and all(r["flags"].get(k, object()) == v for r in mine)}
+        if flags:
+            own.append(f"{mine[0]['label']}: {', '.join(_flag(k, v) for k, v in flags.items())}")
+    if own:
+        lines.append("Each method's own: " + "; ".join(own) + ".")
+    untrained = [r for r in records if not r.get("flags")]
+    if untrained:
+        lines.append(f"{len(untrained)} records name no flags.")
+    return " ".join(lines)
+
+
+def sampling_note(records: Sequence[Record], out: Path) -> str:
+    """Which sampler each section's runs used, from their commits; and what the change did to the one
+    figure that can show it, the untrained pair's eval before training on the same eval articles."""
+    per: dict[str, dict[str, int]] = {}
+    for comparison in dict.fromkeys(r["comparison"] for r in records):
+        for r in distinct_runs(x for x in records if x["comparison"] == comparison).values():
+            counts = per.setdefault(comparison, {})
+            kind = sampler_of(commit_of(r), out)
+            counts[kind] = counts.get(kind, 0) + 1
+    text = (f"*Sampling changed at commit {COUNTER_DRAW} (counter-based random numbers and an exponential-race draw, "
+            "docs/agents.md \"The rollout engine\"); a run at a later commit draws other samples from the same seed. "
+            "The sampler of each run, from its commit: "
+            + "; ".join(f"`{c}` " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                        for c, counts in per.items())
+            + ".")
+    old = [r for r in records if r["comparison"] == "magrpo" and r["method"] == "untrained-parallel"]
+    new = [r for r in records if r["comparison"] == "methods" and r["method"] == "magrpo"]
+    kinds = {sampler_of(commit_of(r), out) for r in old}, {sampler_of(commit_of(r), out) for r in new}
+    if old and new and kinds[0] != kinds[1] and len(kinds[0]) == len(kinds[1]) == 1:
+        text += (f" The untrained pair on the same eval articles and seeds scores {ms([ev()(r) for r in old])} with "
+                 f"the "
+                 f"{next(iter(kinds[0]))} draw (section 1) and {ms([ev(split='eval_before')(r) for r in new])} with "
+                 f"the "
+                 f"{next(iter(kinds[1]))} one (section 4's eval before training).")
+    return text + "*"
