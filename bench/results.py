@@ -1,7 +1,8 @@
 """The papers' claims, measured with seeds: the records, figures and tables of docs/results.md.
 
-Five comparisons, each a fixed list of methods with hyper-parameters chosen before running (in
-``results_records.py``: ``MAGRPO_SETTINGS``, ``CORY_SETTINGS``, ``PREFERENCE_SETTINGS``):
+Seven comparisons, each a fixed list of methods with hyper-parameters chosen before running (in
+``results_comparisons.py``: ``MAGRPO_SETTINGS``, ``CORY_SETTINGS``, ``PREFERENCE_SETTINGS``,
+``CODING_SETTINGS``):
 
 - ``magrpo``: MAGRPO on ``writing/xsum-v0`` against its baselines: the untrained pair (parallel and
   sequential protocol), a single agent trained with GRPO (our MAGRPO with one agent) on the one-role
@@ -15,6 +16,10 @@ Five comparisons, each a fixed list of methods with hyper-parameters chosen befo
   MARLHF) at its sweep's best rate on seeds 0 1 2, seed 0 being the sweep's record.
 - ``cory``: CORY against PPO on IMDB with the same adaptive KL controller, plus CORY's two ablations
   (no role exchange, ``--swap-every 0``; individual rewards, ``sentiment/imdb-cory-individual-v0``).
+- ``coding-sweep`` and ``coding`` (issue #51): MAGRPO on ``coding/humaneval-v0`` against its baselines,
+  the untrained pair (parallel and sequential), one coder trained with GRPO on
+  ``coding/humaneval-single-v0``, the MAGRPO pair over one turn and over two with the tests' feedback;
+  each trained method at the rate its own sweep (``CODING_SWEEP_RATES``) chose on validation.
 
 Every method x seed is one **record**: ``<out>/<comparison>/<method>__s<seed>.json`` with the command,
 the flags, the per-iteration curve, the evaluation before and after, and the wall time, written as
@@ -26,13 +31,14 @@ missing records between them instead of starting one twice. The learners run thr
 line (``llm-envs train ...`` / ``llm-envs eval ...``, in this process), each in its own run directory
 under ``--runs-dir``.
 
-This file is the command line; the comparisons and their records are in ``results_records.py``, the
-summaries, figures and the page's tables in ``results_page.py``, what the page says about the records in
-``results_reading.py`` (the readings), ``results_provenance.py`` (machines, samplers, shared flags),
-``results_significance.py`` (the paired and Welch tests with Holm's correction; the math in
-``results_stats.py``) and ``results_values.py`` (a record's values, formatted); a run across sittings
-in ``results_resume.py``. The page holds no number typed by hand: ``render`` writes every one from the records,
-and ``tests/test_results_bench.py`` fails when docs/results.md differs from what it renders.
+This file is the command line; the comparisons are in ``results_comparisons.py``, their records in
+``results_records.py``, the summaries, figures and the page's tables in ``results_page.py``, what the
+page says about the records in ``results_reading.py`` (the readings), ``results_provenance.py``
+(machines, samplers, shared flags), ``results_significance.py`` (the paired and Welch tests with Holm's
+correction; the math in ``results_stats.py``) and ``results_values.py`` (a record's values, formatted);
+a run across sittings in ``results_resume.py``. The page holds no number typed by hand: ``render``
+writes every one from the records, and ``tests/test_results_bench.py`` fails when docs/results.md
+differs from what it renders.
 
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
     python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
@@ -53,38 +59,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings, when loaded by path (the tests)
 
+from results_comparisons import COMPARISONS, DEFAULT_SEEDS, ROOT, method
+from results_comparisons import CORY_SETTINGS as CORY_SETTINGS
+from results_comparisons import FIXED_RATE as FIXED_RATE
+from results_comparisons import MAGRPO_SETTINGS as MAGRPO_SETTINGS
+from results_comparisons import METHODS_SETTINGS as METHODS_SETTINGS
+from results_comparisons import PAGE as PAGE
+from results_comparisons import PREFERENCE_SETTINGS as PREFERENCE_SETTINGS
+from results_comparisons import RECORDS as RECORDS
+from results_comparisons import SWEEP_RATES as SWEEP_RATES
+from results_comparisons import flags_of as flags_of
+from results_comparisons import sweep_name as sweep_name
+from results_comparisons import to_argv as to_argv
 from results_page import MARKER as MARKER
 from results_page import mean_std as mean_std
 from results_page import render
 from results_page import render_page as render_page
 from results_page import replace_section as replace_section
 from results_page import sections as sections
-from results_records import (
-    COMPARISONS,
-    DEFAULT_SEEDS,
-    ROOT,
-    completion_commands,
-    load_records,
-    method,
-    missing_records,
-    run_records,
-    running_records,
-)
-from results_records import CORY_SETTINGS as CORY_SETTINGS
-from results_records import FIXED_RATE as FIXED_RATE
-from results_records import MAGRPO_SETTINGS as MAGRPO_SETTINGS
-from results_records import METHODS_SETTINGS as METHODS_SETTINGS
-from results_records import PAGE as PAGE
-from results_records import PREFERENCE_SETTINGS as PREFERENCE_SETTINGS
-from results_records import RECORDS as RECORDS
-from results_records import SWEEP_RATES as SWEEP_RATES
 from results_records import chosen_rate as chosen_rate
-from results_records import flags_of as flags_of
-from results_records import sweep_name as sweep_name
-from results_records import to_argv as to_argv
+from results_records import completion_commands, load_records, missing_records, run_records, running_records
 
 # The names imported `as` themselves are read from here too (the tests load this file by path): the
-# comparisons' settings and command lines from results_records.py, the page's pieces from results_page.py.
+# comparisons' settings and command lines from results_comparisons.py, the page's pieces from results_page.py.
 
 
 # ------------------------------------------------------------------------------------------ command line

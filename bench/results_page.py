@@ -1,5 +1,6 @@
-"""The page of docs/results.md from the comparisons' records (``bench/results_records.py``): summaries over
-seeds, the figures, the tables and the page's generated sections."""
+"""The page of docs/results.md from the comparisons' records (``bench/results_records.py``; the
+comparisons in ``results_comparisons.py``): summaries over seeds, the figures, the tables and the page's
+generated sections."""
 
 
 import json
@@ -9,18 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from results_comparisons import COMPARISONS, LAST, method, settings_of
 from results_provenance import distinct_runs, provenance, sampling_note, save_samplers, settings
 from results_reading import SECTION_TESTS, reading
-from results_records import (
-    COMPARISONS,
-    LAST,
-    completion_commands,
-    load_records,
-    machine_label,
-    method,
-    missing_records,
-    settings_of,
-)
+from results_records import completion_commands, load_records, machine_label, missing_records
 from results_significance import significance_table
 
 
@@ -333,7 +326,8 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
 def sweep_table(summary: dict[str, Any], out: Path, comparison: str = "methods") -> list[str]:
     """The learning-rate sweep of ``comparison``'s methods: each method's rates scored on the validation
     split (the held-out train problems), the chosen rate marked; the eval split is not looked at to choose."""
-    from results_records import SWEEPS, chosen_rate, sweep_name
+    from results_comparisons import SWEEPS, sweep_name
+    from results_records import chosen_rate
 
     shown = ("tests", "pass@1") if comparison in CODING else ("structure", "length")
     lines = [f"| method | learning rate | validation total (chosen: **bold**) | validation {shown[0]} | "

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from results_records import ROOT
+from results_comparisons import ROOT
 from results_values import Record, ev, ms
 
 

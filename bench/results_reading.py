@@ -16,8 +16,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from results_comparisons import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, method, sweep_name
 from results_provenance import distinct_runs
-from results_records import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, chosen_rate, method, sweep_name
+from results_records import chosen_rate
 from results_significance import Comparison, against, against_baseline, direction, family_tests, verdict
 from results_values import (
     Record,

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from results_records import LAST
+from results_comparisons import LAST
 
 Record = dict[str, Any]
 

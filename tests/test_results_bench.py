@@ -364,64 +364,60 @@ def test_sweep_chooses_each_rate_on_validation_and_seed_0_is_the_sweep_record(
     assert "MADPO, offline (40 prompts x 4 candidates) | 0.0001 |" in text
 
 
-def test_sweep_commands() -> None:
+def test_sweep_commands(results) -> None:
     """Every swept method at every rate: its own flags, the rate, the validation split; the centralised
     rows twice the pair's tokens (the prefilled one with --prefill)."""
-    spec = importlib.util.spec_from_file_location("bench_results_records", ROOT / "bench" / "results_records.py")
-    records = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = records
-    spec.loader.exec_module(records)
-    names = [m.name for m in records.COMPARISONS["sweep"]]
-    assert len(names) == sum(len(r) for r in records.SWEEP_RATES.values()) == 16
-    for m in records.COMPARISONS["sweep"]:
-        argv = records.command_of(m, "sweep", 0, quick=False, runs_dir=Path("runs"), model=None, threads=1)
+    comparisons = sys.modules["results_comparisons"]
+    names = [m.name for m in comparisons.COMPARISONS["sweep"]]
+    assert len(names) == sum(len(r) for r in comparisons.SWEEP_RATES.values()) == 16
+    for m in comparisons.COMPARISONS["sweep"]:
+        argv = comparisons.command_of(m, "sweep", 0, quick=False, runs_dir=Path("runs"), model=None, threads=1)
         base, rate = m.name.split("@lr")
-        assert argv[:2] == ["train", records.method("methods", base).learner]
+        assert argv[:2] == ["train", comparisons.method("methods", base).learner]
         assert f"--learning-rate {float(rate)}" in " ".join(argv) and "--num-validation-problems 32" in " ".join(argv)
         # MARLHF's rates share their seed's reward-model fit (--rm-cache; the fit reads no RL setting).
         assert ("--rm-cache" in argv) == (base == "marlhf"), m.name
-    prefill = records.flags_of(records.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
+    prefill = comparisons.flags_of(comparisons.method("sweep", "centralized-prefill@lr0.001"), "sweep", False)
     assert prefill["centralized"] is True and prefill["prefill"] is True and prefill["max-new-tokens"] == 96
-    assert records.method("methods", "centralized").flags.get("prefill") is None
+    assert comparisons.method("methods", "centralized").flags.get("prefill") is None
 
 
-def test_coding_commands_and_its_own_sweep() -> None:
+def test_coding_commands_and_its_own_sweep(results) -> None:
     """The coding comparison (issue #51): the untrained pairs through `llm-envs eval` on the parallel and
     sequential ids (no writing flag), each trained method swept on its own, its rate chosen from its own
     sweep records only (the writing sweep of a method of the same name is not read)."""
-    spec = importlib.util.spec_from_file_location("bench_results_records", ROOT / "bench" / "results_records.py")
-    records = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = records
-    spec.loader.exec_module(records)
-    coding = {m.name: m for m in records.COMPARISONS["coding"]}
+    records, comparisons = sys.modules["results_records"], sys.modules["results_comparisons"]
+    coding = {m.name: m for m in comparisons.COMPARISONS["coding"]}
     assert set(coding) == {"untrained-parallel", "untrained-sequential", "single", "magrpo", "magrpo-2turn"}
     for name, env in (("untrained-parallel", "coding/humaneval-v0"),
                       ("untrained-sequential", "coding/humaneval-sequential-v0")):
-        argv = records.command_of(coding[name], "coding", 1, quick=False, runs_dir=Path("runs"), model=None, threads=1)
+        argv = comparisons.command_of(coding[name], "coding", 1, quick=False, runs_dir=Path("runs"), model=None,
+                                      threads=1)
         assert argv[:3] == ["eval", "--env", env] and "--max-source-words" not in argv
         assert "--sample" in argv and argv[argv.index("--seed") + 1] == "1"
         assert [argv[argv.index(f) + 1] for f in ("--num-problems", "--max-new-tokens", "--temperature")] == [
             "32", "256", "0.7"]
-    sweep = {m.name for m in records.COMPARISONS["coding-sweep"]}
-    assert sweep == {records.sweep_name(n, r) for n, rates in records.CODING_SWEEP_RATES.items() for r in rates}
-    two_turn = " ".join(records.command_of(records.method("coding-sweep", "magrpo-2turn@lr0.001"), "coding-sweep", 0,
-                                           quick=False, runs_dir=Path("runs"), model=None, threads=1))
+    sweep = {m.name for m in comparisons.COMPARISONS["coding-sweep"]}
+    assert sweep == {comparisons.sweep_name(n, r) for n, rates in comparisons.CODING_SWEEP_RATES.items() for r in rates}
+    two_turn = " ".join(comparisons.command_of(comparisons.method("coding-sweep", "magrpo-2turn@lr0.001"),
+                                               "coding-sweep", 0, quick=False, runs_dir=Path("runs"), model=None,
+                                               threads=1))
     assert "--env coding/humaneval-v0" in two_turn and "--num-turns 2" in two_turn
     assert "--learning-rate 0.001" in two_turn and "--num-validation-problems 32" in two_turn
-    single = records.command_of(coding["single"], "coding", 0, quick=False, runs_dir=Path("runs"), model=None,
+    single = comparisons.command_of(coding["single"], "coding", 0, quick=False, runs_dir=Path("runs"), model=None,
                                 threads=1)
     assert "coding/humaneval-single-v0" in single and single[single.index("--max-new-tokens") + 1] == "256"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         assert records.chosen_rate(out, "magrpo", "coding") is None
-        for rate, val in zip(records.CODING_SWEEP_RATES["magrpo"], (0.25, 0.5, 2.0)):
-            path = records.record_path(out, "coding-sweep", records.sweep_name("magrpo", rate), 0)
+        for rate, val in zip(comparisons.CODING_SWEEP_RATES["magrpo"], (0.25, 0.5, 2.0)):
+            path = records.record_path(out, "coding-sweep", comparisons.sweep_name("magrpo", rate), 0)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"validation": {"total": val}}))
-        assert records.chosen_rate(out, "magrpo", "coding") == records.CODING_SWEEP_RATES["magrpo"][2]
+        assert records.chosen_rate(out, "magrpo", "coding") == comparisons.CODING_SWEEP_RATES["magrpo"][2]
         assert records.chosen_rate(out, "magrpo") is None  # the writing sweep of MAGRPO has no record here
         assert records.missing_records(out, "coding-sweep").keys() == sweep - {
-            records.sweep_name("magrpo", r) for r in records.CODING_SWEEP_RATES["magrpo"]}
+            comparisons.sweep_name("magrpo", r) for r in comparisons.CODING_SWEEP_RATES["magrpo"]}
 
 
 def test_the_page_is_what_render_makes_of_the_records(results) -> None:
