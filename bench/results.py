@@ -43,7 +43,7 @@ differs from what it renders.
     python bench/results.py run magrpo --seeds 0 1 2        # the MAGRPO comparison (skips finished records)
     python bench/results.py run cory --seeds 0 1 2 --methods ppo cory
     python bench/results.py render                          # figures, summary JSON and the page's tables
-    python bench/results.py status                          # which records exist, run now (how far), are missing
+    python bench/results.py status                          # records that exist, run now (how far), resume, are missing
     python bench/results.py run magrpo --quick --model DIR  # 1 seed, 2 iterations, tiny sizes (tests)
 
 Each command prints one JSON object as its last stdout line.
@@ -78,7 +78,14 @@ from results_page import render_page as render_page
 from results_page import replace_section as replace_section
 from results_page import sections as sections
 from results_records import chosen_rate as chosen_rate
-from results_records import completion_commands, load_records, missing_records, run_records, running_records
+from results_records import (
+    completion_commands,
+    load_records,
+    missing_records,
+    resumable_records,
+    run_records,
+    running_records,
+)
 
 # The names imported `as` themselves are read from here too (the tests load this file by path): the
 # comparisons' settings and command lines from results_comparisons.py, the page's pieces from results_page.py.
@@ -96,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--model", default=None, help="HF model id or local dir (default: the embedded SmolLM2-135M)")
     run.add_argument("--threads", type=int, default=None, help="torch threads of each training run")
     for p in (run, sub.add_parser("render", help="figures, summaries and the page's tables from the records"),
-              sub.add_parser("status", help="which records exist, which run now (how far) and which are missing")):
+              sub.add_parser("status", help="which records exist, which run now (how far), which an earlier "
+                                            "sitting left to resume (from which step) and which are missing")):
         p.add_argument("--out", default=None, help=f"records and figures (default: {RECORDS.relative_to(ROOT)}; "
                                                    "--quick: runs/results-quick/records)")
         p.add_argument("--runs-dir", default="runs/results", help="run directories and logs (default: %(default)s)")
@@ -121,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         result = {c: {"records": [f"{r['method']}__s{r['seed']}" for r in load_records(out, c)],
                       "running": running_records(out, c),
+                      "resumable": resumable_records(out, c, Path(args.runs_dir)),
                       "missing": missing_records(out, c), "commands": completion_commands(c, missing_records(out, c))}
                   for c in COMPARISONS}
         status = 0

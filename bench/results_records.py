@@ -32,7 +32,7 @@ from results_comparisons import (
     run_name,
     sweep_name,
 )
-from results_resume import LEGS, code_of, leg, resumable, totals
+from results_resume import LEGS, code_of, leg, newest_checkpoint_step, read_legs, resumable, totals
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -360,6 +360,24 @@ def running_records(out: Path, comparison: str) -> dict[str, dict[str, Any]]:
             entry.update(iteration=_last_step(Path(details["run_dir"]) / "metrics.jsonl"),
                          of=details.get("num_iterations"))
         found[record.name] = entry
+    return found
+
+
+def resumable_records(out: Path, comparison: str, runs_dir: Path) -> dict[str, dict[str, Any]]:
+    """The missing records of ``comparison`` that no live process runs and whose run directory an earlier
+    sitting left with a checkpoint: record -> the ``step`` a ``run`` would continue from and the ``legs``
+    so far (``results_resume``: it continues only on the same command, code and host)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, seeds in missing_records(out, comparison).items():
+        m = method(comparison, name)
+        for seed in seeds:
+            path = record_path(out, m.reuse or comparison, name, seed)
+            run_dir, _ = run_paths(m.reuse or comparison, m, seed, runs_dir)
+            if run_dir is None or running_pid(path) is not None or not read_legs(run_dir):
+                continue
+            step = newest_checkpoint_step(run_dir)
+            if step is not None:
+                found[path.name] = {"step": step, "legs": len(read_legs(run_dir)), "run_dir": str(run_dir)}
     return found
 
 

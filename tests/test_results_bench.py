@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -202,12 +203,12 @@ def test_a_run_a_sitting_left_unfinished_resumes_to_the_uninterrupted_record(res
 
     # The sitting ended during iteration 2: no record, no step-2 checkpoint, its log line half-written.
     path.unlink()
-    import shutil
-
     shutil.rmtree(run_dir / "checkpoints" / "step_000002")
     with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
         fh.write('{"step": 2, "reward/to')
     capsys.readouterr()
+    assert results.main(["status", "--out", str(out), "--runs-dir", str(runs / "quick")]) == 0
+    assert last_json(capsys)[comparison]["resumable"] == {path.name: {"step": 1, "legs": 1, "run_dir": str(run_dir)}}
     assert results.main(argv) == 0
     done = last_json(capsys)["done"]
     assert [(d["record"], d["resumed_from"]) for d in done] == [(path.name, 1)]
