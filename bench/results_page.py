@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from results_comparisons import COMPARISONS, LAST, method, settings_of
+from results_comparisons import COMPARISONS, LAST, SWEEPS, method, settings_of, swept_comparison
 from results_provenance import distinct_runs, provenance, sampling_note, save_samplers, settings
 from results_reading import SECTION_TESTS, reading
 from results_records import completion_commands, load_records, machine_label, missing_records
@@ -326,7 +326,7 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
 def sweep_table(summary: dict[str, Any], out: Path, comparison: str = "methods") -> list[str]:
     """The learning-rate sweep of ``comparison``'s methods: each method's rates scored on the validation
     split (the held-out train problems), the chosen rate marked; the eval split is not looked at to choose."""
-    from results_comparisons import SWEEPS, sweep_name
+    from results_comparisons import sweep_name
     from results_records import chosen_rate
 
     shown = ("tests", "pass@1") if comparison in CODING else ("structure", "length")
@@ -375,19 +375,26 @@ def replace_section(text: str, name: str, body: str) -> str:
     return pattern.sub(lambda _: f"{begin}\n{body}\n{end}", text)
 
 
-def estimate_missing(out: Path) -> tuple[float, list[str]]:
-    """Seconds the missing records would take at the mean wall of their method's finished records, and
-    the methods (``comparison/method``) with no finished record to estimate from."""
-    total, unknown = 0.0, []
+def estimate_missing(out: Path) -> tuple[float, float, list[str]]:
+    """Wall and CPU seconds the missing records would take at the means of the finished records of the
+    same method (a swept method's records at any rate, in its sweep or its rows, count as the same
+    method), and the methods (``comparison/method``) with no finished record to estimate from."""
+    loaded = {c: load_records(out, c) for c in COMPARISONS}
+    wall, cpu, unknown = 0.0, 0.0, []
     for comparison in COMPARISONS:
-        records = load_records(out, comparison)
+        family = {comparison, swept_comparison(comparison), *((SWEEPS[comparison][0],) if comparison in SWEEPS else ())}
         for name, seeds in missing_records(out, comparison).items():
-            walls = [r["wall_s"] for r in records if r["method"] == name]
-            if walls:
-                total += len(seeds) * sum(walls) / len(walls)
-            else:
+            if comparison in SWEEPS and name in SWEEPS[comparison][1]:
+                seeds = [seed for seed in seeds if seed != 0]  # the sweep's record, copied: no run of its own
+            base = name.split("@")[0]
+            same = [r for c in family for r in loaded.get(c, []) if r["method"].split("@")[0] == base]
+            if not same:
                 unknown.append(f"{comparison}/{name}")
-    return total, unknown
+                continue
+            wall += len(seeds) * sum(r["wall_s"] for r in same) / len(same)
+            timed = [r["cpu_s"] for r in same if r.get("cpu_s") is not None]
+            cpu += len(seeds) * (sum(timed) / len(timed) if timed else math.nan)
+    return wall, cpu, unknown
 
 
 def sections(out: Path, smoothing: int) -> tuple[dict[str, str], dict[str, Any]]:
@@ -412,18 +419,21 @@ def sections(out: Path, smoothing: int) -> tuple[dict[str, str], dict[str, Any]]
     result["runs"] = len(runs)
     result["total_wall_s"] = sum(r["wall_s"] for r in runs.values())
     hours = result["total_wall_s"] / 3600
-    estimate, unknown = estimate_missing(out)
-    result["missing_wall_estimate_s"] = estimate
+    estimate, cpu, unknown = estimate_missing(out)
+    result["missing_wall_estimate_s"], result["missing_cpu_estimate_s"] = estimate, cpu
     text = (f"Wall of the {len(runs)} distinct runs so far ({result['records']} records: a run shown in two sections, "
             f"a reused record or a sweep record copied as seed 0, counts once): **{result['total_wall_s']:.0f} s "
             f"({hours:.2f} h)**, the sum of the runs' own wall times on machines shared with other jobs: several runs "
-            "at "
-            "once (see each record's load average), and paused at times while timing benchmarks ran. "
+            "at once (see each record's load average), and paused at times while timing benchmarks ran. "
             "Each record's CPU seconds (where recorded) are its own process's CPU time, the fairer measure of cost.")
     if any(result["missing"].values()):
-        text += (f" The missing records would add about {estimate / 3600:.1f} h at the same pace (the mean wall of "
-                 "the finished records of the same method)")
-        text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+        if estimate:
+            text += (f" The missing records would take about {cpu / 3600:.1f} CPU-hours ({estimate / 3600:.1f} h of "
+                     "wall at the same load), at the means of the finished records of the same method (a swept "
+                     "method's at any rate)")
+            text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
+        else:
+            text += f" The missing records are of methods with no record yet: {', '.join(unknown)}."
     texts["wall"] = text
     texts["sampling"] = sampling_note(every, out)
     return texts, result
