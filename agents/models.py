@@ -16,9 +16,9 @@ on the left. Its pad token is its end-of-turn token ``<|im_end|>``, which also a
 prompts: nothing in :mod:`agents` finds a prompt or response boundary by searching for pad ids; the
 attention masks say where the tokens are.
 
->>> from agents.models import load_model                       # doctest: +SKIP
+>>> from agents.models import load_model
 >>> model = load_model()                  # embedded default, bfloat16 where the CPU/GPU has it, else float32
->>> model = load_model("Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", device="cuda")
+>>> model = load_model("Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", device="cuda")  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -42,10 +42,14 @@ those T positions only (``logits_to_keep``), the last response token is included
 Values (PPO, CORY) use the same positions: ``values[:, t]`` is the value of the state just before
 response token t, read by a per-agent ``Linear(hidden, 1)`` from the base model's last hidden state.
 
->>> from agents import MultiAgentPolicy                          # doctest: +SKIP
->>> policy = MultiAgentPolicy.from_pretrained(["helper", "main"])     # doctest: +SKIP
->>> obs, infos = env.reset(seed=0)                              # doctest: +SKIP
->>> obs, rewards, terminations, truncations, infos = env.step(policy.act(obs))  # doctest: +SKIP
+>>> import llm_envs
+>>> from agents import MultiAgentPolicy
+>>> env = llm_envs.make("coding/humaneval-v0")
+>>> policy = MultiAgentPolicy.from_pretrained(env.possible_agents)   # the embedded default, one adapter each
+>>> obs, infos = env.reset(seed=0)
+>>> obs, rewards, terminations, truncations, infos = env.step(policy.act(obs, max_new_tokens=8))
+>>> sorted(rewards), all(terminations.values())
+(['helper', 'main'], True)
 """
 from __future__ import annotations
 
