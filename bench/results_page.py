@@ -253,14 +253,16 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
     elif comparison == "coding":
         components = ("total", "pass@1", "tests", "main_defined", "aux_defined", "syntax", "aux_call",
                       "beyond_wrapper", "ignored_result")
-        lines.append("| method | learning rate | " + " | ".join(f"eval {c}" for c in components)
-                     + " | eval total before | eval pass@1 before |")
-        lines.append("|---" * (len(components) + 4) + "|")
-        for entry in summary.values():
-            cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
-            before = [fmt(*entry["eval_before"][c]) if c in entry["eval_before"] else "—" for c in ("total", "pass@1")]
-            lines.append(f"| {entry['label']} | {entry['learning_rate'] or '—'} | " + " | ".join(cells)
-                         + " | " + " | ".join(before) + " |")
+        # Every component before and after training, a row each (an untrained pair's one evaluation, one row).
+        lines.append("| method | learning rate | eval | " + " | ".join(components) + " |")
+        lines.append("|---" * (len(components) + 3) + "|")
+        for name, entry in summary.items():
+            trained = method(comparison, name).learner != "eval"
+            for when, key in ((("after training", "eval"), ("before training", "eval_before")) if trained
+                              else (("untrained", "eval"),)):
+                cells = [fmt(*entry[key][c]) if c in entry[key] else "—" for c in components]
+                lines.append(f"| {entry['label']} | {entry['learning_rate'] or '—'} | {when} | " + " | ".join(cells)
+                             + " |")
     elif comparison == "methods":
         components = ("total", "structure", "length", "diversity", "transition", "jaccard", "sections_found")
         lines.append("| method | learning rate | " + " | ".join(f"eval {c}" for c in components)
