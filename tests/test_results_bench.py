@@ -220,6 +220,11 @@ def test_a_run_a_sitting_left_unfinished_resumes_to_the_uninterrupted_record(res
     assert learned() == uninterrupted
     assert [leg["from_step"] for leg in resumed["legs"]] == [0, 1]
     assert resumed["wall_s"] == pytest.approx(sum(leg["wall_s"] for leg in resumed["legs"]), abs=0.11)
+    page = page_with_markers(results, tmp_path / "results.md")
+    assert results.main(["render", "--out", str(out), "--page", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert f"| [{name}__s0](results/{comparison}/{name}__s0.json) | {resumed['wall_s']} (2 legs) |" in text
+    assert "| MAGRPO pair, 2 turns (tests' feedback) | 0.001 | (missing) |" not in text  # its sweep row is filled
 
     # Legs of other code: nothing to continue, the run starts again (and is one leg).
     path.unlink()
