@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.rows import strip_left, to_tensor
+from agents.rows import pad_actions, strip_left, to_tensor
 from agents.settings import Sampling
 
 
@@ -78,10 +78,7 @@ class ActingMixin:
         generations = self.generate_joint(prompts, 1, sampling=settings)
         actions = {}
         for name, gen in generations.items():
-            resp, length = gen.response_ids, settings[name].max_new_tokens
-            padded = resp.new_full((len(resp), length), self._group_of[name].pad_token_id)
-            padded[:, : resp.shape[1]] = resp
-            action = padded.cpu().numpy().astype(np.int64)
+            action = pad_actions(gen.response_ids, settings[name].max_new_tokens, self._group_of[name].pad_token_id)
             actions[name] = action if parts[name]["batched"] else action[0]
         return actions
 

@@ -1,5 +1,6 @@
 """Rows of token ids as the policy takes them: conversion and checks (left-padded prompts,
-right-padded responses, ids within the vocabulary), padding, and the rows a batch repeats."""
+right-padded responses, ids within the vocabulary), padding, the rows a batch repeats, and responses
+as an env's fixed-length actions (:func:`pad_actions`)."""
 
 from __future__ import annotations
 
@@ -201,3 +202,16 @@ class CheckedRows:
         return _first_and_index(list(self.prompt_keys), self.prompt_ids.device)
 
 
+def pad_actions(response_ids: torch.Tensor, length: int, pad_id: int) -> np.ndarray:
+    """(N, T) responses (T <= length) -> (N, length) int64 env actions, padded with the pad id: what an env
+    takes as an agent's action.
+
+    >>> pad_actions(torch.tensor([[5, 6], [7, 8]]), 4, 0)
+    array([[5, 6, 0, 0],
+           [7, 8, 0, 0]])
+    """
+    if response_ids.shape[1] > length:
+        raise ValueError(f"responses have {response_ids.shape[1]} tokens, more than the env's action length {length}")
+    out = np.full((response_ids.shape[0], length), pad_id, dtype=np.int64)
+    out[:, : response_ids.shape[1]] = response_ids.cpu().numpy()
+    return out

@@ -8,7 +8,6 @@ run          one training run around a learner's loop: directory, logs, evaluati
 checkpoints  checkpoints of a run and ``--resume``
 distributed  data-parallel training across processes (``torchrun`` / ``accelerate launch``)
 play         playing episodes through the env API, every role sampling from its adapter
-rows         prompts without their shared left padding, responses as env actions
 evaluation   mean reward, returns over turns and pass@k on the eval split
 metrics      ``metrics.jsonl``, TensorBoard and W&B
 samples      transcripts of what the agents wrote (``samples.jsonl``)

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.rows import strip_left
+from agents.rows import pad_actions, strip_left
 from baselines.infra import distributed
-from baselines.infra.rows import pad_actions
 
 
 def probe_env(env_id: str, **kwargs: Any) -> tuple[list[str], int]:

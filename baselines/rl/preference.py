@@ -366,8 +366,8 @@ def sample_candidates(
     ``b * N + j`` holds problem ``problems[b]``; every agent samples its N responses of a problem under
     ``group_seeds[b]`` (:func:`baselines.infra.distributed.generate_per_group`: the same samples whatever
     else is in the batch); the env scores the joint candidates. Single-turn envs only."""
+    from agents.rows import pad_actions
     from baselines.infra import distributed
-    from baselines.infra.rows import pad_actions
 
     options = [{"task_index": int(p), "split": "train"} for p in problems for _ in range(num_samples)]
     obs, _ = venv.reset(seed=list(env_seeds), options=options)

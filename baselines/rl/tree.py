@@ -252,8 +252,7 @@ def _expand_parallel(
 ) -> tuple[dict[str, Any], list[list[_Outcome]]]:
     """Every agent samples G responses at every node (one ``generate_joint`` call); each joint action
     steps its own copy of the node's env."""
-    from agents.rows import strip_left
-    from baselines.infra.rows import pad_actions
+    from agents.rows import pad_actions, strip_left
 
     combos = joint_indices(len(agents), g, mode)
     prompts = {}
@@ -283,8 +282,7 @@ def _expand_sequential(
     """Agents in turn order: each answers the prompt of every partial joint action so far (its env
     copy, holding the earlier agents' responses), G samples per prompt for the first agent and in
     cross mode, one in aligned mode; one ``generate_joint`` call per agent for the whole level."""
-    from agents.rows import strip_left
-    from baselines.infra.rows import pad_actions
+    from agents.rows import pad_actions, strip_left
 
     length = frontier[0].env.max_new_tokens
     # Per node: the partial joint actions so far, (env after them, each earlier agent's sample index).
