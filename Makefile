@@ -8,7 +8,7 @@ STAMP := $(VENV)/.llm-envs-setup
 AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 # The tests whose numbers depend on the kernels: float32 comparisons of two implementations, the
 # engine's sampling, the learners' smoke and interrupt/resume runs.
-NUMERICS_TESTS := tests/test_decoder.py tests/test_engine.py tests/test_agents.py tests/test_magrpo.py \
+NUMERICS_TESTS := tests/test_attention.py tests/test_decoder.py tests/test_engine.py tests/test_agents.py tests/test_magrpo.py \
 	tests/test_ppo.py tests/test_cory.py tests/test_central_critic.py tests/test_interrupt.py tests/test_tree.py \
 	tests/test_preference.py
 

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from agents.attention import grouped_attention
 from agents.memory import file_mapped_ranges
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -595,7 +596,7 @@ class FusedDecoder:
         if length > MATH_ATTENTION_MAX_LENGTH:
 
             def fused(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=groups != 1)
+                return grouped_attention(q, k, v, allowed)
 
             return fused
         bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(

@@ -14,7 +14,8 @@ few, large ops (the policy's scoring and training passes use the same decoder ov
   grouped by agent, so a batch of two agents costs two extra small matmuls per projection, not a
   Python loop over adapters per layer as PEFT's mixed batches do;
 - a static KV cache (one allocation per call), RoPE computed once per step for all layers,
-  ``scaled_dot_product_attention`` with grouped KV heads;
+  ``scaled_dot_product_attention`` with grouped KV heads read in place (:mod:`agents.attention`: on the
+  CPU ``enable_gqa`` copies the whole cache every step);
 - a prompt shared by several rows (the G samples of one problem, or rows repeated by the caller) is
   prefilled once and its cache copied to those rows;
 - rows that have emitted an EOS id leave the LM head and the sampler: only live rows pay for the
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from agents.attention import grouped_attention
 from agents.decoder import (
     SUPPORTED_MODEL_TYPES,
     Attend,
@@ -183,7 +185,7 @@ class RolloutEngine(FusedDecoder):
         prefill_mask = causal_allowed(pre_mask)
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self.decode_layers(
-            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self.num_heads != self.num_kv_heads),
+            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None]),
             weights, loras, [b.rows for b in pre_blocks],
         )
         last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
@@ -278,9 +280,7 @@ class RolloutEngine(FusedDecoder):
             key_mask[:, width + t] = True
             cos, sin = self.rope(position[:, None], dtype)
             hidden = self.causal_lm.model.embed_tokens(step_ids)
-            attend = _cached(
-                caches, width + t, key_mask[:, None, None, : width + t + 1], self.num_heads != self.num_kv_heads
-            )
+            attend = _cached(caches, width + t, key_mask[:, None, None, : width + t + 1])
             hidden = self.decode_layers(hidden, cos, sin, attend, weights, loras, block_rows)
             last = self.causal_lm.model.norm(hidden)
         return _finished(out_ids[:, :steps], out_logprobs[:, :steps], eos, pad_token_id, limits)
@@ -358,9 +358,7 @@ def _finished(
     return response, (~after_eos).long(), logprobs.masked_fill(after_eos, 0.0)
 
 
-def _cached(
-    caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor, gqa: bool
-) -> Attend:
+def _cached(caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor) -> Attend:
     """Attention that writes each layer's new keys and values at cache columns ``start ..`` and attends
     over the cache up to them."""
 
@@ -369,8 +367,6 @@ def _cached(
         end = start + q.shape[2]
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
-        return F.scaled_dot_product_attention(
-            q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask, enable_gqa=gqa
-        )
+        return grouped_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
 
     return attend

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from agents.attention import grouped_attention
 from agents.sampling import choose
 
 if TYPE_CHECKING:
@@ -158,13 +159,13 @@ class StaticDecode:
         self.key_mask.index_fill_(1, column, True)
         self.position.add_(1)
         cos, sin = engine.rope(self.position[:, None], key.dtype)
-        caches, mask, gqa = self.caches, self.key_mask[:, None, None, :], engine.num_heads != engine.num_kv_heads
+        caches, mask = self.caches, self.key_mask[:, None, None, :]
 
         def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             k_cache, v_cache = caches[index]
             k_cache.index_copy_(2, column, k)
             v_cache.index_copy_(2, column, v)
-            return F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask, enable_gqa=gqa)
+            return grouped_attention(q, k_cache, v_cache, mask)
 
         hidden = engine.causal_lm.model.embed_tokens(token[:, None])
         hidden = engine.decode_layers(hidden, cos, sin, attend, self.weights, self.loras, list(key.block_rows))
