@@ -373,11 +373,10 @@ def resumable_records(out: Path, comparison: str, runs_dir: Path) -> dict[str, d
         for seed in seeds:
             path = record_path(out, m.reuse or comparison, name, seed)
             run_dir, _ = run_paths(m.reuse or comparison, m, seed, runs_dir)
-            if run_dir is None or running_pid(path) is not None or not read_legs(run_dir):
-                continue
-            step = newest_checkpoint_step(run_dir)
+            legs = [] if run_dir is None or running_pid(path) is not None else read_legs(run_dir)
+            step = newest_checkpoint_step(run_dir) if legs else None
             if step is not None:
-                found[path.name] = {"step": step, "legs": len(read_legs(run_dir)), "run_dir": str(run_dir)}
+                found[path.name] = {"step": step, "legs": len(legs), "run_dir": str(run_dir)}
     return found
 
 
