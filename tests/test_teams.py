@@ -5,8 +5,8 @@ BPE tokenizer trained here (300 ids; its model directory loads it as Qwen2's tok
 both built from config in the test. The policy groups agents by base (agents/team.py); per-agent
 sampling reaches the engine; checkpoints record each agent's base and tokenizer; every learner trains
 such a team, CORY's two models swapping roles between the two tokenizers, MAAC's critic reading the
-agent of the other tokenizer as text (PPO's and CORY's --critic central need one tokenizer: a Llama and a
-Qwen2 over SmolLM2's).
+agent of the other tokenizer as text, and PPO's and CORY's --critic central too, each response token valued
+at its aligned position in the critic's tokens.
 """
 
 from __future__ import annotations
@@ -522,7 +522,7 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
     """Two bases of one tokenizer: CORY and MAAC train them; MAAC's critic reads every agent's ids
     exactly as before teams of tokenizers (``critic_inputs`` of the turns' ids: the same inputs, the same
     values, bit for bit)."""
-    from baselines.learners import cory, maac, ppo
+    from baselines.learners import cory, maac
 
     result = cory.main(cory.Config(**learner_settings(
         tmp_path, "cory", model=model_dirs["llama"], agent_models=(f"model_1={model_dirs['qwen-smol']}",),
@@ -540,14 +540,6 @@ def test_cory_and_maac_teams_share_a_tokenizer(model_dirs, tmp_path, varied_writ
         assert len(policy.groups) == 2 and len(inputs) == len(turns) == 1
         assert torch.equal(inputs[0][0], old[0]) and torch.equal(inputs[0][1], old[1])
         assert torch.equal(values[:, 0], old_values)
-    # PPO's and CORY's --critic central value every response token: two tokenizers are refused before
-    # training.
-    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
-        ppo.main(ppo.Config(**learner_settings(
-            tmp_path, "ppo-central-mixed", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
-            agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2)))
-    with pytest.raises(ValueError, match="central critic .* must share one tokenizer"):
-        cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central-mixed", critic="central"))
 
 
 def spy_maac_critic(monkeypatch, pin: bool = False) -> list:
@@ -711,6 +703,145 @@ def test_critic_reader_encodes_foreign_agents_and_names_text_it_cannot_encode(to
     config.max_position_embeddings -= 1
     with pytest.raises(ValueError, match=rf"up to {len(ids[0])} tokens .* \(tiny\) has {len(ids[0])} positions"):
         check_context(critic, [(ids, mask)])
+
+
+def generation(tok, prompts: list[str], responses: list[str], eos: bool = True):
+    """An ``agents.Generation``-like batch: prompts left-padded, responses right-padded (each ending in
+    the tokenizer's EOS when ``eos``), in ``tok``'s ids."""
+    from types import SimpleNamespace
+
+    from baselines.rl.critic import padded
+
+    prompt = tok(prompts, padding=True, return_tensors="pt")
+    rows = [tok(r, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else []) for r in responses]
+    response_ids, response_mask = padded(rows, tok.pad_token_id, left=False)
+    return SimpleNamespace(prompt_ids=prompt.input_ids, prompt_mask=prompt.attention_mask, response_ids=response_ids,
+                           response_mask=response_mask)
+
+
+def test_central_view_aligns_each_foreign_token_with_the_critics_state_of_the_same_text(toks):
+    """PPO's and CORY's ``--critic central`` over two tokenizers: the critic (SmolLM2's tokenizer) reads the
+    BPE role's response as text in its own tokens, and each BPE token takes the critic's value of the
+    longest prefix of the text that the state before it holds, hand-checked on two rows; the other
+    role's prompt and response and the scored role's prompt are text in the critic's tokens too."""
+    from types import SimpleNamespace
+
+    from baselines.rl.critic import CentralView, CriticReader, central_context, central_view, token_starts
+
+    smol, bpe = toks
+    tokenizers = {"pioneer": smol, "observer": bpe, "critic": smol}
+    policy = SimpleNamespace(tokenizer_of=tokenizers.get, pad_token_id_of=lambda a: tokenizers[a].pad_token_id)
+    read = CriticReader(policy, ["pioneer", "observer"])
+    assert list(read.foreign) == ["observer"]
+    words = ["The council met", "café"]
+    gens = {"pioneer": generation(smol, ["Review:", "Review: good"], ["A fine film", "Bad"]),
+            "observer": generation(bpe, ["Improve it", "Improve it"], words)}
+    # The premise: how each tokenizer cuts the two texts.
+    assert [bpe.convert_ids_to_tokens(bpe(w, add_special_tokens=False).input_ids) for w in words] == [
+        ["The", "Ġc", "ou", "n", "cil", "Ġ", "m", "et"], ["c", "a", "f", "Ã", "©"]]
+    assert [smol.convert_ids_to_tokens(smol(w, add_special_tokens=False).input_ids) for w in words] == [
+        ["The", "Ġcouncil", "Ġmet"], ["c", "af", "Ã©"]]
+    # Where tokens start: "é" is two bytes, two BPE tokens; the prefix that ends between them decodes to
+    # "caf" and a replacement character, so the second starts where the first does.
+    rows = [bpe(w, add_special_tokens=False).input_ids for w in words]
+    assert token_starts(bpe, rows, words) == [[0, 3, 5, 7, 8, 11, 12, 13, 15], [0, 1, 2, 3, 3, 4]]
+    view = central_view(gens, ["pioneer", "observer"], "observer", {"pioneer": "pioneer", "observer": "observer"},
+                        read)
+    # Each BPE token (then its EOS) -> the critic's position: 0 "The", 1 " council", 2 " met", 3 the probe
+    # after the whole text.
+    assert view.positions is not None and view.response is not None
+    mask = gens["observer"].response_mask.bool()
+    assert view.positions[0][mask[0]].tolist() == [0, 1, 1, 1, 1, 2, 2, 2, 3]
+    assert view.positions[1][mask[1]].tolist() == [0, 1, 1, 2, 2, 3]
+    response_ids, response_mask = view.response
+    for row, word in enumerate(words):  # the text in the critic's tokens, then the probe, right-padded
+        expected = smol(word, add_special_tokens=False).input_ids + [smol.pad_token_id]
+        assert response_ids[row][: len(expected)].tolist() == expected
+        assert response_mask[row].tolist() == [1] * len(expected) + [0] * (response_mask.shape[1] - len(expected))
+    # The context: the pioneer's prompt and response as its ids, then the observer's prompt as text in the
+    # critic's tokens.
+    for row in range(2):
+        kept = view.ids[row][view.mask[row].bool()].tolist()
+        pioneer = gens["pioneer"]
+        own = [*pioneer.prompt_ids[row][pioneer.prompt_mask[row].bool()].tolist(),
+               *pioneer.response_ids[row][pioneer.response_mask[row].bool()].tolist()]
+        assert kept == own + smol("Improve it", add_special_tokens=False).input_ids
+    assert read.seconds > 0
+    # Scoring the pioneer: the observer's prompt and response are read as text; the pioneer's response as
+    # its own ids (no alignment).
+    players = {"pioneer": "pioneer", "observer": "observer"}
+    pioneer_view = central_view(gens, ["pioneer", "observer"], "pioneer", players, read)
+    assert pioneer_view.response is None and pioneer_view.positions is None
+    kept = pioneer_view.ids[0][pioneer_view.mask[0].bool()].tolist()
+    pioneer = gens["pioneer"]
+    assert kept == [*smol("Improve it", add_special_tokens=False).input_ids,
+                    *smol("The council met", add_special_tokens=False).input_ids,
+                    *pioneer.prompt_ids[0][pioneer.prompt_mask[0].bool()].tolist()]
+    # One tokenizer (the players swapped onto SmolLM2's tokenizer alone): exactly central_context's ids.
+    same = {"pioneer": generation(smol, ["a", "b c"], ["d", "e f"]),
+            "observer": generation(smol, ["g", "h"], ["i", "j"])}
+    one = CriticReader(SimpleNamespace(tokenizer_of=lambda a: smol, pad_token_id_of=lambda a: smol.pad_token_id),
+                       ["pioneer", "observer"])
+    plain = central_view(same, ["pioneer", "observer"], "observer", {"pioneer": "pioneer", "observer": "observer"}, one)
+    ids, mask = central_context(same, ["pioneer", "observer"], "observer", smol.pad_token_id)
+    assert plain == CentralView(plain.ids, plain.mask) and torch.equal(plain.ids, ids) and torch.equal(plain.mask, mask)
+
+
+def test_central_values_through_an_identity_alignment_equal_the_direct_values(toks):
+    """A role forced through the text path with the critic's own tokenizer: re-encoding gives back its ids,
+    every token aligns with itself, and the critic's values (gathered from the re-encoded response and
+    its probe) equal the values read directly from the response's ids. The passes differ by one column
+    (the probe) and right-padding, which a causal model's earlier positions do not see: equal up to the
+    float32 rounding of kernels blocked over another length."""
+    from baselines.infra.config import CRITIC
+    from baselines.rl.critic import CentralView, CriticReader, central_values
+
+    smol, _ = toks
+    policy = MultiAgentPolicy({"actor": tiny_model(smol, 0), CRITIC: tiny_model(smol, 0)}, smol, ["actor", CRITIC],
+                              lora=LoraSettings(rank=4, alpha=8), value_head=True)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in policy.parameters(CRITIC):
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    read = CriticReader(policy, ["actor"])
+    read.foreign = {"actor": smol}  # the text path, with the critic's own tokenizer
+    batch = generation(smol, ["The council met on Tuesday.", "Summarize"], ["the budget for the year", "fun"])
+    response, positions = read.align("actor", batch.response_ids, batch.response_mask)
+    for row in range(2):
+        kept = batch.response_mask[row].bool()
+        assert positions[row][kept].tolist() == list(range(int(kept.sum())))
+    context = CentralView(batch.prompt_ids, batch.prompt_mask)
+    direct = central_values(policy, context, batch.response_ids, batch.response_mask)
+    aligned = central_values(policy, CentralView(batch.prompt_ids, batch.prompt_mask, response, positions),
+                             batch.response_ids, batch.response_mask)
+    torch.testing.assert_close(aligned, direct, rtol=1e-5, atol=1e-6)
+    assert bool((aligned[~batch.response_mask.bool()] == 0).all())
+    aligned.sum().backward()  # differentiable: the critic's adapter and value head get gradients
+    assert all(p.grad is not None for p in policy.parameters(CRITIC))
+
+
+def test_ppo_and_cory_central_critics_over_two_tokenizers(model_dirs, tmp_path, monkeypatch):
+    """``--critic central`` with a team of two tokenizers: PPO's two agents and CORY's two models swapping
+    roles across the tokenizers train with the critic on the Llama's base; metrics are finite and the
+    time spent re-encoding is logged."""
+    from baselines.infra.metrics import read_metrics
+    from baselines.learners import cory, ppo
+
+    result = ppo.main(ppo.Config(**learner_settings(
+        tmp_path, "ppo-central", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
+        max_source_words=20, agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2,
+        num_ppo_epochs=1, min_new_tokens=3, max_new_tokens=6)))
+    assert_trained(result, tmp_path / "ppo-central", ["brief", "detailed", "critic"])
+    env_kwargs = cory.Config.env_kwargs  # room for the pioneer's text in the BPE's tokens (as above)
+    monkeypatch.setattr(cory.Config, "env_kwargs", lambda self: {**env_kwargs(self), "max_prompt_tokens": 256})
+    result = cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central", critic="central", num_iterations=3))
+    assert_trained(result, tmp_path / "cory-central", ["model_0", "model_1", "critic"], steps=(2, 3))
+    for name in ("ppo-central", "cory-central"):
+        rows = [r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "charts/iteration" in r]
+        assert rows
+        for row in rows:
+            assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+            assert 0 < row["charts/critic_reencode_fraction"] < 1
 
 
 def contains(row: list[int], part: list[int]) -> bool:

@@ -40,9 +40,9 @@ from agents import placement
 from baselines.infra import distributed, play
 from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges
 from baselines.infra.metrics import reward_metrics
-from baselines.infra.play import RoleEnvs, check_shared_tokenizer, probe_env
+from baselines.infra.play import RoleEnvs, probe_env
 from baselines.infra.run import Run, mean_over_agents
-from baselines.rl.critic import central_context, central_forward
+from baselines.rl.critic import CriticReader, central_forward, central_view, check_positions, context_rows
 from baselines.rl.experience import Experience, make_experience
 from baselines.rl.kl_control import kl_controller
 from baselines.rl.policy_gradient import kl_to_reference
@@ -298,8 +298,7 @@ def _minibatch_loss(
         if exp.contexts is None:
             outputs.append(policy.forward(model, *args, with_values=True, temperature=temperature))
         else:  # the central critic's values, reading the turn's context then the same tokens
-            context = (exp.contexts[k][0][rows], exp.contexts[k][1][rows])
-            outputs.append(central_forward(policy, model, *args, context, temperature))
+            outputs.append(central_forward(policy, model, *args, context_rows(exp.contexts[k], rows), temperature))
     logprobs, values = (torch.cat(tensors, 1) for tensors in zip(*outputs))
     mask = exp.response_mask[rows].to(logprobs.device)
     pg_loss, clip_frac = clipped_policy_loss(
@@ -392,8 +391,9 @@ def train(
     ``assign(iteration)`` says which model plays which role (default: each agent plays itself). Each
     model keeps its own adapter, value head, optimizer and KL controller whichever role it plays, and
     each role's env speaks the tokenizer of the model playing it (:class:`baselines.infra.play.RoleEnvs`): the
-    models may have different tokenizers, except with ``--critic central`` (its critic reads every
-    model's token ids).
+    models may have different tokenizers. ``--critic central``'s critic (on the first model's base) reads a
+    model of another tokenizer as its text re-encoded, each of its response tokens valued at the aligned
+    position (:func:`baselines.rl.critic.central_view`).
 
     Under torchrun or accelerate launch (``WORLD_SIZE`` > 1) every process plays its contiguous share
     of each iteration's episodes, each episode sampled under its own seed; advantages are whitened
@@ -433,8 +433,8 @@ def train(
         activation_budget_mb=config.activation_budget_mb,
         share_prompts=config.share_prompts,
     )
-    check_shared_tokenizer(policy, [*models, *critic], "has a central critic reading every agent's tokens"
-                           if critic else "")
+    # --critic central: the critic reads each model of another tokenizer than its own as text (CriticReader).
+    read = CriticReader(policy, models) if critic else None
     # Each role's env speaks the tokenizer of the model playing it and ends a response at that model's
     # EOS ids, exactly where generation stopped. CORY's models swap roles, and with them the tokenizers
     # the roles' envs speak: one vector env per assignment (one in all when the models share a tokenizer).
@@ -479,14 +479,19 @@ def train(
             turns = play.episode_turns(steps, step_rewards)  # role -> [(its Generation, its reward (N,))]
 
             metrics = {}
+            recoded = read.seconds if read is not None else 0.0
             for role, model in players.items():
                 # 2. Per-token rewards (KL penalty, each turn's reward on its last token), values, GAE.
                 scores = torch.as_tensor(np.stack([reward for _, reward in turns[role]], 1), dtype=torch.float32)
                 gens = [gen for gen, _ in turns[role]]
                 contexts = [  # --critic central: every role's prompt and response of each turn
-                    central_context({r: turns[r][k][0] for r in roles}, roles, role, policy.pad_token_id)
+                    central_view({r: turns[r][k][0] for r in roles}, roles, role, players, read)
                     for k in range(len(gens))
-                ] if critic else None
+                ] if read is not None else None
+                if contexts is not None:
+                    width = max(c.width(int(g.response_ids.shape[1])) for c, g in zip(contexts, gens))
+                    check_positions(policy, width, f"up to {width} tokens (every role's prompt and response, "
+                                    f"in its own tokens) to value {role!r}'s response")
                 penalty = controllers[model].value if config.kl_in == "reward" else 0.0  # loss: in ppo_update
                 exp = make_experience(policy, model, gens, scores, penalty, config, contexts)
                 # 3. PPO epochs over shuffled minibatches; 4. the KL coefficient adapts.
@@ -509,6 +514,8 @@ def train(
                 "charts/rollout_fraction": t_rollout / elapsed,
                 "charts/learning_rate": config.learning_rate,
             })
+            if read is not None and read.foreign:  # the critic reads some models as text, re-encoded in its tokens
+                metrics["charts/critic_reencode_fraction"] = (read.seconds - recoded) / elapsed
             run.write_samples(step, venv.envs, seeds, options, models=players)
             run.end_iteration(step, metrics, reward=f"{metrics['reward/total']:.3f}",
                               kl=f"{metrics['losses/kl']:.2f}", s_it=f"{elapsed:.1f}")

@@ -9,6 +9,9 @@ the base it sits on (``with_critic``) are :mod:`baselines.infra.config`'s, where
 ``check_context``      refuse a joint turn longer than the critic's model has positions
 ``critic_values``      (N,) the critic's estimate after reading such a view
 ``central_context``    PPO/CORY: the other roles' prompts and responses, then the scored role's prompt
+``CentralView``        that context in the critic's tokens, with a foreign role's response aligned to its tokens
+``central_view``       build one for a role of a turn (``CriticReader``'s team of tokenizers)
+``central_values``     (N, T) the central critic's value before each of the role's response tokens
 ``central_forward``    an actor's log-probs with the central critic's values of the same tokens
 ``value_loss``         PPO's clipped value loss
 ``row_chunks``         row slices of a batch within a token budget
@@ -17,8 +20,10 @@ the base it sits on (``with_critic``) are :mod:`baselines.infra.config`'s, where
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -109,12 +114,9 @@ class CriticReader:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, L) ids, mask of the critic's view of one turn (``critic_inputs``' arguments)."""
         prompts, responses = dict(turn_prompts), dict(turn_responses)
-        if self.foreign:
-            start = time.perf_counter()
-            for agent in self.foreign:
-                prompts[agent] = self.encode(agent, *prompts[agent])
-                responses[agent] = self.encode(agent, *responses[agent])
-            self.seconds += time.perf_counter() - start
+        for agent in self.foreign:
+            prompts[agent] = self.encode(agent, *prompts[agent])
+            responses[agent] = self.encode(agent, *responses[agent])
         return critic_inputs(prompts, responses, self.agents, self.pad_id)
 
     def text(self, agent: str, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -128,19 +130,50 @@ class CriticReader:
         """``agent``'s (N, T) ids, mask as the critic's: the rows' text (:meth:`text`) encoded by the
         critic's tokenizer -> (N, T') ids, mask, left-padded. Raises ``ValueError`` naming the agent
         when the critic's tokenizer reads some of the text as its unknown token."""
-        texts = self.text(agent, ids, mask)
+        start = time.perf_counter()
+        rows = self.encoded(agent, self.text(agent, ids, mask))
+        out, keep = padded(rows, self.pad_id, left=True)
+        self.seconds += time.perf_counter() - start
+        return out, keep
+
+    def encoded(self, agent: str, texts: Sequence[str]) -> list[list[int]]:
+        """Each of ``agent``'s texts in the critic's tokens (no special tokens; a text the rows repeat is
+        encoded once), refused as :meth:`check_known` says."""
         distinct = list(dict.fromkeys(texts))
         encoded = dict(zip(distinct, self.tokenizer(distinct, add_special_tokens=False)["input_ids"]))
         self.check_known(agent, distinct, encoded)
-        rows = [encoded[t] for t in texts]
-        width = max((len(r) for r in rows), default=0)
-        out = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        keep = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            if row:
-                out[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-                keep[i, width - len(row):] = 1
-        return out, keep
+        return [encoded[t] for t in texts]
+
+    def align(
+        self, agent: str, response_ids: torch.Tensor, response_mask: torch.Tensor
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``agent``'s (N, T) response as the critic reads it, and where each of its tokens' values comes
+        from: ((N, T') ids, mask of each row's text in the critic's tokens then a probe (the pad id,
+        masked in), right-padded), (N, T) positions in them.
+
+        A value is the estimate of the state before a token. The state before ``agent``'s token j is the
+        text its tokens 0..j-1 decode to (a prefix of the row's text: :func:`token_starts`); the critic
+        has a state before each of its tokens and one after the whole text (the probe's), and token j
+        takes the critic's state of the longest prefix it holds: the last critic token that starts at
+        or before where token j starts. Where the two tokenizers cut the text alike, that is the same
+        state; elsewhere it is the state a few characters earlier (at most one critic token). The EOS
+        and any control token decode to no text and take the state of the text before them."""
+        start = time.perf_counter()
+        mask = response_mask.cpu().bool()
+        rows = [row[keep].tolist() for row, keep in zip(response_ids.cpu(), mask)]
+        texts = self.text(agent, response_ids, response_mask)
+        encoded = self.encoded(agent, texts)
+        theirs = token_starts(self.foreign[agent], rows, texts)
+        ours = token_starts(self.tokenizer, encoded, texts)  # ours[i][-1]: after the text, the probe's state
+        positions = torch.zeros(mask.shape, dtype=torch.long)
+        for i, keep in enumerate(mask):
+            where = keep.nonzero().flatten()
+            picked = [bisect.bisect_right(ours[i], at) - 1 for at in theirs[i][: len(where)]]
+            positions[i, where] = torch.tensor(picked, dtype=torch.long)
+        probe = int(self.pad_id)
+        response = padded([row + [probe] for row in encoded], self.pad_id, left=False)
+        self.seconds += time.perf_counter() - start
+        return response, positions
 
     def check_known(self, agent: str, texts: Sequence[str], encoded: Mapping[str, list[int]]) -> None:
         """Refuse text the critic's tokenizer cannot encode: a tokenizer without byte fallback (a
@@ -170,16 +203,22 @@ def check_context(policy: Any, inputs: Sequence[tuple[torch.Tensor, torch.Tensor
     one taken by :func:`critic_values`' probe): a model of learned positions (GPT-2) fails with an
     index error there, a rotary one reads positions it was never trained on. A team of tokenizers makes
     it likelier: text re-encoded by a tokenizer of few merges takes more tokens."""
+    width = max((int(ids.shape[1]) for ids, _ in inputs), default=0)
+    check_positions(policy, width + 1, f"joint turns of up to {width} tokens (every agent's prompt and "
+                    "response, in its own tokens) plus one probe", adapter)
+
+
+def check_positions(policy: Any, width: int, what: str, adapter: str = CRITIC) -> None:
+    """Refuse a pass of ``width`` positions through ``adapter``'s model when it has fewer
+    (``max_position_embeddings``); ``what``: what the critic reads, for the message."""
     config = getattr(policy.group(adapter).causal_lm, "config", None)
     limit = getattr(config, "max_position_embeddings", None)
-    width = max((int(ids.shape[1]) for ids, _ in inputs), default=0) + 1
     if isinstance(limit, int) and width > limit:
         name = getattr(config, "_name_or_path", "") or getattr(config, "model_type", "?")
         raise ValueError(
-            f"the critic reads joint turns of up to {width - 1} tokens (every agent's prompt and response, in "
-            f"its own tokens) plus one probe, but its model ({name}) has {limit} positions; shorten the "
-            f"prompts (--max-source-words) or responses (--max-new-tokens), or give the critic a model of "
-            f"a longer context (--critic-model)"
+            f"the critic reads {what}, but its model ({name}) has {limit} positions; shorten the prompts "
+            f"(--max-source-words) or responses (--max-new-tokens), or give the critic a model of a longer "
+            f"context (--critic-model)"
         )
 
 
@@ -209,6 +248,88 @@ def central_context(
     return critic_inputs(prompts, responses, [*others, role], pad_id)
 
 
+@dataclass(frozen=True)
+class CentralView:
+    """The central critic's reading of one role's turn (PPO's and CORY's ``--critic central``).
+
+    ``ids``, ``mask``: (N, L) the context (:func:`central_context`) in the critic's tokens. The critic
+    then reads the role's response. ``response`` and ``positions`` are None when the role's player
+    speaks the critic's tokenizer: the critic reads the response's own ids, one value per token. Else
+    ``response`` is (N, T') ids, mask of the response's text in the critic's tokens then a probe, and
+    ``positions`` (N, T) the position of ``response`` whose value each of the role's response tokens
+    takes (:meth:`CriticReader.align`)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    response: tuple[torch.Tensor, torch.Tensor] | None = None
+    positions: torch.Tensor | None = None
+
+    def rows(self, rows: Any) -> CentralView:
+        """The view of some rows (an index or a slice)."""
+        response = None if self.response is None else (self.response[0][rows], self.response[1][rows])
+        return CentralView(self.ids[rows], self.mask[rows], response,
+                           None if self.positions is None else self.positions[rows])
+
+    def width(self, response_width: int) -> int:
+        """The positions one pass of the critic takes (the context, then the response it reads)."""
+        return int(self.ids.shape[1]) + (response_width if self.response is None else int(self.response[0].shape[1]))
+
+
+Context = CentralView | tuple[torch.Tensor, torch.Tensor]
+"""A central critic's context: a :class:`CentralView`, or the (ids, mask) of :func:`central_context`
+(one tokenizer)."""
+
+
+def central_view(
+    gens: Mapping[str, Any], roles: Sequence[str], role: str, players: Mapping[str, str], read: CriticReader
+) -> CentralView:
+    """:func:`central_context` for a team of tokenizers: each role's prompt and response read as
+    ``read`` reads its player (``players``: role -> the model playing it; ``read``'s agents are the
+    models), and ``role``'s response aligned to the critic's tokens when its player speaks another
+    tokenizer (:meth:`CriticReader.align`). With one tokenizer, the same ids and mask as
+    :func:`central_context` and no alignment."""
+    others = [r for r in roles if r != role]
+    n = len(gens[role].prompt_ids)
+    empty = torch.zeros((n, 0), dtype=torch.long)
+    prompts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    responses: dict[str, tuple[torch.Tensor, torch.Tensor]] = {role: (empty, empty)}
+
+    def as_read(r: str, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return read.encode(players[r], ids, mask) if players[r] in read.foreign else (ids, mask)
+
+    for r in [*others, role]:
+        prompts[r] = as_read(r, gens[r].prompt_ids, gens[r].prompt_mask)
+        if r != role:
+            responses[r] = as_read(r, gens[r].response_ids, gens[r].response_mask)
+    ids, mask = critic_inputs(prompts, responses, [*others, role], read.pad_id)
+    if players[role] not in read.foreign:
+        return CentralView(ids, mask)
+    response, positions = read.align(players[role], gens[role].response_ids, gens[role].response_mask)
+    return CentralView(ids, mask, response, positions)
+
+
+def context_rows(context: Context, rows: Any) -> Context:
+    """Some rows of a central critic's context (a view's :meth:`CentralView.rows`, or both tensors')."""
+    if isinstance(context, CentralView):
+        return context.rows(rows)
+    return context[0][rows], context[1][rows]
+
+
+def central_values(
+    policy: Any, context: Context, response_ids: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """(N, T) the central critic's value of the state before each response token: the critic reads the
+    context, then the response (its own ids, or, for a foreign role, its text in the critic's tokens,
+    each token taking the value at its aligned position). Differentiable; 0 on pads."""
+    if not isinstance(context, CentralView):
+        context = CentralView(*context)
+    if context.response is None or context.positions is None:
+        return policy.values(CRITIC, context.ids, context.mask, response_ids, response_mask)
+    values = policy.values(CRITIC, context.ids, context.mask, *context.response)  # (N, T')
+    picked = values.gather(1, context.positions.to(values.device))
+    return picked * response_mask.to(values.device).to(picked.dtype)
+
+
 def central_forward(
     policy: Any,
     model: str,
@@ -216,15 +337,15 @@ def central_forward(
     prompt_mask: torch.Tensor,
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
-    context: tuple[torch.Tensor, torch.Tensor],
+    context: Context,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``policy.forward(model, ..., with_values=True)`` with the values of the central critic instead
     of ``model``'s own head: (N, T) log-probs of ``model``'s response under its adapter and (N, T) values
-    of the critic adapter reading ``context`` (:func:`central_context`) then the same response tokens."""
+    of the critic adapter reading ``context`` (:func:`central_context`, :func:`central_view`) then the same
+    response (:func:`central_values`)."""
     logprobs = policy.logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask, temperature=temperature)
-    values = policy.values(CRITIC, context[0], context[1], response_ids, response_mask)
-    return logprobs, values
+    return logprobs, central_values(policy, context, response_ids, response_mask)
 
 
 def value_loss(
@@ -243,6 +364,61 @@ def value_loss(
     if denominator is not None:
         return 0.5 * loss.sum() / max(float(denominator), 1.0)
     return 0.5 * loss.mean()
+
+
+def padded(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ids -> (N, width) ids, mask, padded on the left or the right.
+
+    >>> padded([[5, 6], [7]], 0, left=True)[0].tolist()
+    [[5, 6], [0, 7]]
+    """
+    width = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    keep = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            at = slice(width - len(row), width) if left else slice(0, len(row))
+            out[i, at] = torch.tensor(row, dtype=torch.long)
+            keep[i, at] = 1
+    return out, keep
+
+
+def token_starts(tokenizer: Any, rows: Sequence[Sequence[int]], texts: Sequence[str]) -> list[list[int]]:
+    """Where each row's tokens start in its text, and where the text ends: row i's ``len(rows[i]) + 1``
+    offsets, offset j the length of the text its first j tokens decode to (special tokens dropped, as
+    ``texts`` were). Decoding whole prefixes, not tokens one by one, gives the characters a token
+    completes (a byte-level BPE splits a character's bytes over tokens) and the spaces a tokenizer
+    writes only between tokens; a prefix that ends inside a character decodes to a replacement
+    character, and counts only the part of the prefix the text holds. Offsets never decrease.
+
+    >>> from llm_envs.tokenizers import load_tokenizer
+    >>> tok = load_tokenizer(None)
+    >>> ids = tok("Hello world", add_special_tokens=False).input_ids
+    >>> token_starts(tok, [ids], ["Hello world"])
+    [[0, 5, 11]]
+    """
+    cuts = [row[:j] for row in rows for j in range(len(row) + 1)]
+    decoded = iter(tokenizer.batch_decode(cuts, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                   if cuts else [])
+    out = []
+    for row, text in zip(rows, texts):
+        starts, at = [], 0
+        for _ in range(len(row) + 1):
+            prefix = next(decoded)
+            at = max(at, len(prefix) if text.startswith(prefix) else shared_prefix(prefix, text))
+            starts.append(at)
+        out.append(starts)
+    return out
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of two strings."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def row_chunks(ids: torch.Tensor, token_budget: int) -> list[slice]:

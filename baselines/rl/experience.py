@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from baselines.infra import distributed
-from baselines.infra.config import CRITIC
+from baselines.rl.critic import Context, central_values
 from baselines.rl.tensors import masked_mean
 
 
@@ -169,15 +169,16 @@ class Experience:
     returns: torch.Tensor
     kl: torch.Tensor
     scores: torch.Tensor
-    contexts: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-    """``--critic central``: each turn's (N, L) context ids and mask of the central critic
-    (:func:`baselines.rl.critic.central_context`); ``None``: the model's own value head."""
+    contexts: list[Context] | None = None
+    """``--critic central``: each turn's context of the central critic (:func:`baselines.rl.critic.central_view`,
+    or the (N, L) ids and mask of :func:`~baselines.rl.critic.central_context`); ``None``: the model's own
+    value head."""
     ref_logprobs: torch.Tensor | None = None
     """(N, T) the reference's log-probs of the responses (``--kl-in loss``'s KL term reads them)."""
 
 
 def score_turn(
-    policy: Any, model: str, gen: Any, temperature: float, context: tuple[torch.Tensor, torch.Tensor] | None = None
+    policy: Any, model: str, gen: Any, temperature: float, context: Context | None = None
 ) -> tuple[torch.Tensor, ...]:
     """One turn under ``model``: (N, T_k) log-probs and values (its adapter and value head) and the
     reference's log-probs (adapters off, on the same prompt), in one pass where the policy can
@@ -187,8 +188,7 @@ def score_turn(
     if context is None:
         return policy.score(model, *args, with_values=True, with_reference=True, temperature=temperature)
     logprobs, _, ref = policy.score(model, *args, with_reference=True, temperature=temperature)
-    values = policy.values(CRITIC, context[0], context[1], gen.response_ids, gen.response_mask)
-    return logprobs, values, ref
+    return logprobs, central_values(policy, context, gen.response_ids, gen.response_mask), ref
 
 
 @torch.no_grad()
@@ -199,7 +199,7 @@ def make_experience(
     scores: torch.Tensor,
     kl_coef: float,
     config: Any,
-    contexts: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    contexts: Sequence[Context] | None = None,
 ) -> Experience:
     """Score one model's episodes. ``turns``: its ``Generation`` of each turn, in order (one
     ``Generation``: single-turn episodes); ``scores``: (N, K) the env's reward of each turn ((N,) for
