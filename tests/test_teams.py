@@ -849,6 +849,55 @@ def test_ppo_and_cory_central_critics_over_two_tokenizers(model_dirs, tmp_path, 
             assert 0 < row["charts/critic_reencode_fraction"] < 1
 
 
+def test_marlhf_reward_model_reads_a_team_of_two_tokenizers(model_dirs, tmp_path, toks, varied_writing_reward):
+    """MARLHF's reward model (on the Llama's base) reads the Qwen2 agent's prompts and responses as their
+    text in SmolLM2's tokens: its preference pairs (``read_pairs``) and the candidates it scores. Offline
+    with MAGRPO, iterative with MAGRPO, and offline with PPO's RL stage all train the team."""
+    from types import SimpleNamespace
+
+    from baselines.learners import marlhf
+    from baselines.rl.critic import CriticReader
+    from baselines.rl.preference import Pair
+    from baselines.rl.reward_model import REWARD_MODEL, read_pairs
+
+    smol, bpe = toks
+    tokenizers = {"brief": smol, "detailed": bpe, REWARD_MODEL: smol}
+    read = CriticReader(SimpleNamespace(tokenizer_of=tokenizers.get, pad_token_id_of=lambda a: 0),
+                        ["brief", "detailed"], critic=REWARD_MODEL)
+
+    def ids(tok, text: str, eos: bool = False) -> torch.Tensor:
+        return torch.tensor(tok(text, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else []))
+
+    pair = Pair({"brief": ids(smol, "Summarize:"), "detailed": ids(bpe, "Write a summary")},
+                {"brief": ids(smol, "The council met"), "detailed": ids(bpe, "The budget was set", eos=True)},
+                {"brief": ids(smol, "Nothing"), "detailed": ids(bpe, "café", eos=True)}, 3, 0.5)
+    (read_pair,) = read_pairs(read, [pair])
+    for side, texts in (("prompts", ("Summarize:", "Write a summary")),
+                        ("winners", ("The council met", "The budget was set")), ("losers", ("Nothing", "café"))):
+        got = getattr(read_pair, side)
+        assert torch.equal(got["brief"], getattr(pair, side)["brief"])  # the reward model's tokenizer: unchanged
+        assert got["detailed"].tolist() == smol(texts[1], add_special_tokens=False).input_ids  # text, EOS dropped
+    assert (read_pair.iteration, read_pair.gap) == (3, 0.5)
+    same = CriticReader(SimpleNamespace(tokenizer_of=lambda a: smol, pad_token_id_of=lambda a: 0),
+                        ["brief", "detailed"], critic=REWARD_MODEL)
+    assert read_pairs(same, [pair])[0] is pair  # one tokenizer: the pairs themselves
+
+    settings = dict(model=model_dirs["llama"], agent_models=(f"detailed={model_dirs['qwen']}",), max_source_words=20,
+                    num_problems=2, num_candidates=3, num_prompts=3, max_new_tokens=8, temperature=1.0, top_p=1.0,
+                    top_k=0, num_eval_problems=0)
+    for name, extra in (("offline", {}), ("iterative", {"iterative": True, "comparator": "history"})):
+        config = marlhf.Config(**learner_settings(tmp_path, f"marlhf-{name}", **settings, **extra))
+        result = marlhf.main(config)
+        # Offline, the reward model is fitted before the first iteration; iterative, at every iteration.
+        assert_trained(result, config.run_dir(), ["brief", "detailed", *([REWARD_MODEL] if extra else [])])
+        assert math.isfinite(result["pref/learned_reward"]) and math.isfinite(result["losses/reward_model"])
+    config = marlhf.Config(**learner_settings(tmp_path, "marlhf-ppo", **settings, rl_learner="ppo",
+                                              rl_args=("batch_size=2", "minibatch_size=2", "num_ppo_epochs=1")))
+    result = marlhf.main(config)
+    assert_trained(result, config.run_dir() / "rl", ["brief", "detailed"])
+    assert 0 <= result["pref/rm_heldout_accuracy"] <= 1
+
+
 def contains(row: list[int], part: list[int]) -> bool:
     return any(row[i : i + len(part)] == part for i in range(len(row) - len(part) + 1))
 

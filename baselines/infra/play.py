@@ -120,22 +120,6 @@ class RoleEnvs:
         self._vectors.clear()
 
 
-def check_shared_tokenizer(policy: Any, agents: Sequence[str], why: str) -> None:
-    """Refuse, before the first iteration, a team whose ``agents`` speak different tokenizers when the
-    run needs one (``why``: a central critic reads every agent's token ids). Empty ``why``: nothing to
-    check."""
-    if not why:
-        return
-    from agents.team import tokenizer_fingerprint
-
-    prints = {a: tokenizer_fingerprint(policy.tokenizer_of(a)) for a in agents}
-    if len(set(prints.values())) > 1:
-        raise ValueError(
-            f"this run {why}, so its agents must share one tokenizer; their tokenizers differ "
-            f"(fingerprints {prints}): give every agent a model of the same tokenizer family"
-        )
-
-
 def play_episodes(
     policy: Any,
     venv: Any,

@@ -35,9 +35,9 @@ from baselines.infra import distributed
 from baselines.infra.config import check_choice, check_ints, check_ranges, preset
 from baselines.infra.evaluation import summary  # noqa: F401  (the closing lines `llm-envs train marlhf` prints)
 from baselines.infra.metrics import reward_metrics
-from baselines.infra.play import Turn, check_shared_tokenizer
+from baselines.infra.play import Turn
 from baselines.infra.run import Run, mean_over_agents
-from baselines.rl.critic import critic_inputs
+from baselines.rl.critic import CriticReader
 from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
 from baselines.rl.preference import PairBuffer, candidate_kl
 from baselines.rl.preference_team import (
@@ -53,6 +53,7 @@ from baselines.rl.reward_model import (
     LearnedRewardVec,
     fit_offline_reward_model,
     learned_rewards,
+    read_pairs,
     reward_model_step,
     reward_scores,
     rm_accuracy,
@@ -205,7 +206,8 @@ def two_stage(config: Config) -> dict[str, Any]:
     run = Run(config, info, config.run_dir(), seed_everything(config.seed))
     team = Team(config, run, extra_agents=(REWARD_MODEL,), value_head=True)
     policy, agents = team.policy, team.agents
-    check_shared_tokenizer(policy, [*agents, REWARD_MODEL], "trains a reward model that reads every agent's tokens")
+    # The reward model (on the first agent's base) reads an agent of another tokenizer as its text.
+    read = CriticReader(policy, agents, critic=REWARD_MODEL)
     stats_path = saved / "stats.json"
     if stats_path.is_file():  # a resumed run: the reward model of its first stage
         policy.load(saved)
@@ -213,7 +215,7 @@ def two_stage(config: Config) -> dict[str, Any]:
     else:
         optimizer = policy.optimizer(REWARD_MODEL, lr=config.rm_learning_rate)
         policy.train()
-        stats = offline_stage(team, run, config, PairBuffer(), optimizer)
+        stats = offline_stage(team, run, config, PairBuffer(), optimizer, read)
         del optimizer
         if run.main:
             policy.save(saved)
@@ -226,7 +228,7 @@ def two_stage(config: Config) -> dict[str, Any]:
     eos_ids = {a: list(policy.eos_token_ids_of(a)) for a in agents}
 
     def scorer(prompts: Mapping[str, Any], responses: Mapping[str, Any]) -> np.ndarray:
-        ids, mask = critic_inputs(prompts, responses, list(prompts), policy.pad_token_id_of(REWARD_MODEL))
+        ids, mask = read(prompts, responses)
         with torch.no_grad():
             out = [reward_scores(policy, ids[i:i + 8], mask[i:i + 8], config.rm_pooling) for i in range(0, len(ids), 8)]
         return torch.cat(out).double().cpu().numpy()
@@ -239,10 +241,11 @@ def two_stage(config: Config) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------- the run
 def offline_stage(team: Team, run: Run, config: Config, buffer: PairBuffer,
-                  optimizer: torch.optim.Optimizer) -> dict[str, float]:
-    """Offline MARLHF's first stage: the candidates' pairs collected and the reward model fitted on them,
-    or both loaded from the ``rm_cache`` entry of this fit (written when there is none). The pairs go
-    into ``buffer`` and the run's preference directory; returns the stage's finite metrics."""
+                  optimizer: torch.optim.Optimizer, read: CriticReader) -> dict[str, float]:
+    """Offline MARLHF's first stage: the candidates' pairs collected and the reward model fitted on them
+    (as ``read`` reads them: :func:`~baselines.rl.reward_model.read_pairs`), or both loaded from the
+    ``rm_cache`` entry of this fit (written when there is none). The pairs go into ``buffer`` and the
+    run's preference directory; returns the stage's finite metrics."""
     policy, agents = team.policy, team.agents
     entry = key = None
     if config.rm_cache is not None:
@@ -265,7 +268,7 @@ def offline_stage(team: Team, run: Run, config: Config, buffer: PairBuffer,
     buffer.add(0, pairs)
     if run.main:
         buffer.save_iteration(preference_dir(run), 0)
-    stats.update(fit_offline_reward_model(policy, optimizer, pairs, agents, config, run.rng,
+    stats.update(fit_offline_reward_model(policy, optimizer, read_pairs(read, pairs), agents, config, run.rng,
                                           progress=config.progress and run.main))
     stats = {k: v for k, v in stats.items() if math.isfinite(v)}
     if entry is not None and key is not None and run.main:
@@ -280,7 +283,8 @@ def main(config: Config) -> dict[str, Any]:
     run = Run.begin(config)
     team = Team(config, run, extra_agents=(REWARD_MODEL,), value_head=True)
     policy, agents = team.policy, team.agents
-    check_shared_tokenizer(policy, [*agents, REWARD_MODEL], "trains a reward model that reads every agent's tokens")
+    # The reward model (on the first agent's base) reads an agent of another tokenizer as its text.
+    read = CriticReader(policy, agents, critic=REWARD_MODEL)
     optimizers = {a: policy.optimizer(a, lr=config.learning_rate_of(a)) for a in agents}
     optimizers[REWARD_MODEL] = policy.optimizer(REWARD_MODEL, lr=config.rm_learning_rate)
     run.resume(policy, optimizers)
@@ -294,7 +298,7 @@ def main(config: Config) -> dict[str, Any]:
     with run.interruptible():
         run.evaluate_before()
         if not config.iterative and "collected" not in run.extra:
-            run.extra["collected"] = offline_stage(team, run, config, buffer, optimizers[REWARD_MODEL])
+            run.extra["collected"] = offline_stage(team, run, config, buffer, optimizers[REWARD_MODEL], read)
             run.state = run.boundary(run.start_step)  # the trained reward model is the new boundary
         for iteration in run.iterations():
             t0 = time.perf_counter()
@@ -303,15 +307,15 @@ def main(config: Config) -> dict[str, Any]:
                 # New pairs: the reward model's accuracy on them before it learns them, then its update.
                 problems, pairs, metrics, cands = iterative_pairs(team, run, config, iteration)
                 if pairs:  # nothing to measure without new pairs: the metric is left out, never NaN
-                    metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, pairs, agents, rm_batch,
-                                                                      config.rm_pooling)
+                    metrics["pref/rm_heldout_accuracy"] = rm_accuracy(policy, read_pairs(read, pairs), agents,
+                                                                      rm_batch, config.rm_pooling)
                 buffer.add(iteration, pairs)
                 rm = {"losses/reward_model": [], "pref/rm_train_accuracy": []}
                 for _ in range(config.rm_epochs):
                     batch = buffer.draw(config.rm_batch_pairs, config.replay, run.rng, config.replay_k,
                                         config.replay_lambda)
                     if batch:
-                        stats = reward_model_step(policy, optimizers[REWARD_MODEL], batch, agents,
+                        stats = reward_model_step(policy, optimizers[REWARD_MODEL], read_pairs(read, batch), agents,
                                                   config.max_grad_norm, config.rm_pooling, config.rm_micro_pairs)
                         rm["losses/reward_model"].append(stats["loss"])
                         rm["pref/rm_train_accuracy"].append(stats["accuracy"])
@@ -323,7 +327,7 @@ def main(config: Config) -> dict[str, Any]:
                 metrics.update(reward_metrics(distributed.gather_rows(dict(cands.infos[agents[0]]))))
             t_sample = time.perf_counter() - t0
             # RL on the learned reward: MAGRPO's group-relative update of every agent.
-            learned = learned_rewards(policy, cands, agents, pooling=config.rm_pooling)
+            learned = learned_rewards(policy, cands, agents, pooling=config.rm_pooling, read=read)
             if config.kl_coef > 0 and config.kl_in == "reward":
                 learned = learned - config.kl_coef * candidate_kl(policy, cands, config)
             rewards = torch.tensor(learned, dtype=torch.float32).view(-1, config.num_candidates)

@@ -106,6 +106,22 @@ class CriticReader:
         }
         """Agent -> its tokenizer, for the agents the critic reads as text (empty: one tokenizer)."""
         self.seconds = 0.0
+        self._pieces: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+
+    def piece(self, agent: str, ids: torch.Tensor) -> torch.Tensor:
+        """One piece of ``agent``'s tokens (1-D ids, no padding: a prompt or a response) as the critic
+        reads it: unchanged when ``agent`` speaks the critic's tokenizer, else its text in the critic's
+        tokens (as :meth:`encode`; a piece seen before is not encoded again)."""
+        if agent not in self.foreign:
+            return ids
+        key = (agent, tuple(ids.tolist()))
+        if key not in self._pieces:
+            start = time.perf_counter()
+            text = self.foreign[agent].decode(list(key[1]), skip_special_tokens=True,
+                                              clean_up_tokenization_spaces=False)
+            self._pieces[key] = torch.tensor(self.encoded(agent, [text])[0], dtype=torch.long)
+            self.seconds += time.perf_counter() - start
+        return self._pieces[key]
 
     def __call__(
         self,

@@ -16,11 +16,24 @@ import torch
 from agents.memory import mapped_large_blocks
 from agents.rows import left_padded, strip_left
 from baselines.infra import distributed
-from baselines.rl.critic import critic_inputs, critic_values
+from baselines.rl.critic import CriticReader, critic_inputs, critic_values
 from baselines.rl.preference import Candidates, Pair, bradley_terry_loss
 
 REWARD_MODEL = "reward_model"
 """The reward model's adapter name in the policy (an env agent may not use it)."""
+
+
+def read_pairs(read: CriticReader, pairs: Sequence[Pair]) -> list[Pair]:
+    """``pairs`` as the reward model reads them (``read``: a :class:`~baselines.rl.critic.CriticReader` of
+    the reward model): each agent of another tokenizer than the reward model's has its prompt, winner
+    and loser as their text in the reward model's tokens; the pairs themselves when there is none."""
+    if not read.foreign:
+        return list(pairs)
+
+    def side(pieces: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {a: read.piece(a, t) for a, t in pieces.items()}
+
+    return [Pair(side(p.prompts), side(p.winners), side(p.losers), p.iteration, p.gap, dict(p.ref)) for p in pairs]
 
 
 def pair_inputs(pairs: Sequence[Pair], agents: Sequence[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,12 +300,14 @@ def fit_offline_reward_model(policy: Any, optimizer: torch.optim.Optimizer, pair
 
 @torch.no_grad()
 def learned_rewards(policy: Any, cands: Candidates, agents: Sequence[str], batch: int = 8,
-                    pooling: str = "mean") -> np.ndarray:
+                    pooling: str = "mean", read: CriticReader | None = None) -> np.ndarray:
     """(rows,) the reward model's score of every joint candidate (its long joint rows' blocks handed back
-    when freed, as in the fit: the RL stage's resting memory does not grow with them)."""
+    when freed, as in the fit: the RL stage's resting memory does not grow with them). ``read``: the
+    reward model's reader of a team of tokenizers (None: one tokenizer)."""
     prompts = {a: (cands.gens[a].prompt_ids, cands.gens[a].prompt_mask) for a in agents}
     responses = {a: (cands.gens[a].response_ids, cands.gens[a].response_mask) for a in agents}
-    ids, mask = critic_inputs(prompts, responses, agents, policy.pad_token_id_of(REWARD_MODEL))
+    ids, mask = (read(prompts, responses) if read is not None
+                 else critic_inputs(prompts, responses, agents, policy.pad_token_id_of(REWARD_MODEL)))
     with mapped_large_blocks():
         out = [reward_scores(policy, ids[i:i + batch], mask[i:i + batch], pooling)
                for i in range(0, len(ids), batch)]
