@@ -8,6 +8,11 @@ folded into the query length, which reads the keys and values in place. Folded, 
 attention is bit-identical to ``enable_gqa`` in bfloat16 on an AMD EPYC Zen 5 (float32: rounding
 apart), and as fast in float32 (``bench/attention.py``; its JSON in ``bench/measured/attention.json``).
 Full sequences (prefill, training) keep ``enable_gqa``: there it costs what folding does.
+
+Whole rows whose tokens are one span each (a left-padded prompt, then a right-padded response: every
+scoring and training pass) need no mask at all: :func:`span_attention` runs each row's span as plain
+causal attention (``is_causal``, the fused kernel that never materialises the scores), and skips the
+padding's queries and keys (``bench/attention_training.py``).
 """
 
 from __future__ import annotations
@@ -40,3 +45,62 @@ def grouped_attention(
         raise ValueError(f"{heads} query heads do not share {kv_heads} key/value heads evenly")
     out = F.scaled_dot_product_attention(q.reshape(n, kv_heads, heads // kv_heads, dim), k, v, attn_mask=mask)
     return out.reshape(n, heads, 1, dim)
+
+
+def row_spans(mask: torch.Tensor) -> list[tuple[int, int]] | None:
+    """``(start, end)`` of each row's unmasked positions when they are one contiguous span in every row
+    (an empty row: ``(0, 0)``), else None. ``mask`` (N, S). One read of three (N,) tensors by the host.
+
+    >>> row_spans(torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]))
+    [(1, 3), (0, 4), (0, 0)]
+    >>> row_spans(torch.tensor([[1, 0, 1]])) is None
+    True
+    """
+    keep = mask.bool()
+    s = keep.shape[-1]
+    counts = keep.sum(-1)
+    first = keep.int().argmax(-1)
+    last = s - keep.flip(-1).int().argmax(-1)
+    table = torch.stack([counts, first, last], 1).tolist()
+    if any(c and e - b != c for c, b, e in table):
+        return None
+    return [(b, e) if c else (0, 0) for c, b, e in table]
+
+
+def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+    """Causal attention of rows whose tokens are one span each (:func:`row_spans`): row i's queries in
+    ``spans[i]`` attend to its keys from the span's start up to themselves; ``q`` (N, H, S, D), ``k``,
+    ``v`` (N, KV, S, D) as :func:`grouped_attention`'s. Returns (N, H, S, D), zeros at the queries
+    outside the spans (the padding: what is computed there is never read). Rows of one span go
+    through one call.
+
+    >>> q, k, v = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    >>> mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    >>> allowed = (torch.ones(5, 5, dtype=torch.bool).tril() & mask.bool()[:, None, :])[:, None]
+    >>> expected = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)
+    >>> out = span_attention(q, k, v, row_spans(mask))
+    >>> torch.allclose(out[0, :, 1:4], expected[0, :, 1:4], atol=1e-6), torch.allclose(out[1], expected[1], atol=1e-6)
+    (True, True)
+    """
+    n, heads, s, _ = q.shape
+    gqa = heads != k.shape[1]
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, span in enumerate(spans):
+        groups.setdefault(span, []).append(i)
+    if len(groups) == 1 and next(iter(groups)) == (0, s):  # every row whole: one call
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    pieces: list[torch.Tensor] = []
+    order: list[int] = []
+    for (start, end), rows in groups.items():
+        if end > start:
+            take = slice(rows[0], rows[0] + 1) if len(rows) == 1 else torch.tensor(rows, device=q.device)
+            qs, ks, vs = (x[take][:, :, start:end] for x in (q, k, v))
+            out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
+            pieces.append(F.pad(out, (0, 0, start, s - end)))
+        else:
+            pieces.append(q.new_zeros((len(rows), *q.shape[1:])))
+        order.extend(rows)
+    out = torch.cat(pieces)
+    if order != list(range(n)):
+        out = out.index_select(0, torch.tensor(order, device=q.device).argsort())
+    return out

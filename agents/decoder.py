@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from agents.attention import grouped_attention
+from agents.attention import grouped_attention, row_spans, span_attention
 from agents.memory import file_mapped_ranges
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -45,6 +45,15 @@ intermediate size): the normed inputs, projections' outputs, LoRA's intermediate
 the SiLU gate's inputs and outputs (calibrated on SmolLM2-135M; see :meth:`FusedDecoder.activation_bytes`)."""
 
 MATH_ATTENTION_MAX_LENGTH = 512
+
+SPAN_ATTENTION_MIN_LENGTH = 256
+"""Rows longer than this whose tokens are one span each (a left-padded prompt, then a right-padded
+response) attend span by span on the CPU (:func:`agents.attention.span_attention`: plain causal
+attention, no mask, the padding skipped). ``bench/attention_training.py`` (what it measured on an AMD
+EPYC Zen 5 is in ``bench/measured/attention_training.json``): from 512 positions on, faster than both
+the masked kernel and the written-out attention, forward and backward, bfloat16 and float32; at 256
+about even; below it the per-row calls' backward costs more than the padding it skips. On a GPU the
+rows keep one launch each way (per-row calls would add launches to a launch-bound step)."""
 """Full-sequence passes up to this many positions write attention out (fast backward on CPU); longer
 ones use ``scaled_dot_product_attention`` (memory linear in the length)."""
 
@@ -448,7 +457,7 @@ class FusedDecoder:
         loras = [{k: self._lora(p, flat_blocks, dtype) for k, p in w.items()} for w in weights]
         positions = (mask.cumsum(-1) - 1).clamp(min=0).reshape(-1)[sel]
         cos, sin = self.rope(positions[:, None], dtype)  # (T, 1, 1, hd)
-        attend = self._attention(causal_allowed(mask)[:, None], dtype, s)
+        attend = self._attention(causal_allowed(mask)[:, None], dtype, s, self._spans(mask))
         h, hd = self.num_heads, self.head_dim
 
         def to_rows(x: torch.Tensor) -> torch.Tensor:
@@ -533,7 +542,7 @@ class FusedDecoder:
         # response position its prompt's tokens, then its own earlier tokens.
         allowed_p = causal_allowed(prompt_mask)
         allowed_r = torch.cat([prompt_mask.bool()[index, None, :].expand(-1, length, -1), causal_allowed(mask)], dim=-1)
-        attend_p = self._attention(allowed_p[:, None], dtype, width)
+        attend_p = self._attention(allowed_p[:, None], dtype, width, self._spans(prompt_mask))
         attend_r = self._attention(allowed_r[:, None], dtype, width + length)
         h, hd = self.num_heads, self.head_dim
 
@@ -590,9 +599,26 @@ class FusedDecoder:
                 hidden = run(i, layer, w, lora, hidden)
         return hidden
 
-    def _attention(self, allowed: torch.Tensor, dtype: torch.dtype, length: int) -> Attend:
-        """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees."""
+    @staticmethod
+    def _spans(mask: torch.Tensor) -> list[tuple[int, int]] | None:
+        """Each row's span of tokens where span attention would serve rows of ``mask`` (N, S): CPU rows
+        longer than ``SPAN_ATTENTION_MIN_LENGTH``, each one span; else None."""
+        if mask.device.type != "cpu" or mask.shape[-1] <= SPAN_ATTENTION_MIN_LENGTH:
+            return None
+        return row_spans(mask)
+
+    def _attention(self, allowed: torch.Tensor, dtype: torch.dtype, length: int,
+                   spans: list[tuple[int, int]] | None = None) -> Attend:
+        """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees;
+        ``spans`` (:meth:`_spans`): the rows' spans of tokens, attended span by span (the queries
+        outside them, padding whose results are never read, get zeros instead of their own value)."""
         groups = self.num_heads // self.num_kv_heads
+        if spans is not None:
+
+            def spanned(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                return span_attention(q, k, v, spans)
+
+            return spanned
         if length > MATH_ATTENTION_MAX_LENGTH:
 
             def fused(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
