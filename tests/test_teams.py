@@ -825,10 +825,11 @@ def test_central_values_through_an_identity_alignment_equal_the_direct_values(to
     assert all(p.grad is not None for p in policy.parameters(CRITIC))
 
 
-def test_ppo_and_cory_central_critics_over_two_tokenizers(model_dirs, tmp_path, monkeypatch):
+def test_ppo_and_cory_central_critics_over_two_tokenizers(model_dirs, tmp_path, monkeypatch, capsys):
     """``--critic central`` with a team of two tokenizers: PPO's two agents and CORY's two models swapping
     roles across the tokenizers train with the critic on the Llama's base; metrics are finite and the
     time spent re-encoding is logged."""
+    from baselines.infra.cli import main as cli
     from baselines.infra.metrics import read_metrics
     from baselines.learners import cory, ppo
 
@@ -837,6 +838,22 @@ def test_ppo_and_cory_central_critics_over_two_tokenizers(model_dirs, tmp_path, 
         max_source_words=20, agent_models=(f"detailed={model_dirs['qwen']}",), batch_size=2, minibatch_size=2,
         num_ppo_epochs=1, min_new_tokens=3, max_new_tokens=6)))
     assert_trained(result, tmp_path / "ppo-central", ["brief", "detailed", "critic"])
+    # --critic-model: the critic on the Qwen2's base (the BPE tokenizer), reading the Llama as text; the
+    # checkpoint evaluates from the command line (the critic rebuilt on the base the run recorded).
+    on_qwen = ppo.Config(**learner_settings(
+        tmp_path, "ppo-central-qwen", model=model_dirs["llama"], env="writing/xsum-v0", critic="central",
+        critic_model=model_dirs["qwen"], max_source_words=20, agent_models=(f"detailed={model_dirs['qwen']}",),
+        batch_size=2, minibatch_size=2, num_ppo_epochs=1, min_new_tokens=3, max_new_tokens=6))
+    result = ppo.main(on_qwen)
+    assert_trained(result, tmp_path / "ppo-central-qwen", ["brief", "detailed", "critic"])
+    manifest = json.loads((tmp_path / "ppo-central-qwen" / "checkpoints" / "step_000002" / "policy"
+                           / "policy.json").read_text())
+    assert manifest["team"]["critic"]["tokenizer"]["size"] == len(load_tokenizer(model_dirs["qwen"]))
+    capsys.readouterr()
+    assert cli(["eval", "--checkpoint", str(tmp_path / "ppo-central-qwen"), "--num-problems", "1"]) == 0
+    assert math.isfinite(json.loads(capsys.readouterr().out)["eval/total"])
+    with pytest.raises(ValueError, match="critic_model=.* --critic central"):
+        ppo.Config(critic_model=model_dirs["qwen"])
     env_kwargs = cory.Config.env_kwargs  # room for the pioneer's text in the BPE's tokens (as above)
     monkeypatch.setattr(cory.Config, "env_kwargs", lambda self: {**env_kwargs(self), "max_prompt_tokens": 256})
     result = cory.main(cory_of_two_tokenizers(model_dirs, tmp_path, "cory-central", critic="central", num_iterations=3))

@@ -253,7 +253,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if learner == "maac" or trainer.get("config", {}).get("critic") == "central":
         from baselines.infra.config import CRITIC, with_critic
 
-        # The critic sits on the first model's base (MAAC: or its --critic-model), at the run's LoRA settings.
+        # The critic sits on the run's --critic-model, else the first model's base, at its LoRA settings.
         bases = with_critic(bases, models, saved.get("critic_model"))
         if isinstance(lora, dict):
             lora[CRITIC] = LoraSettings(rank=saved["lora_rank"], alpha=saved["lora_alpha"])

@@ -38,7 +38,7 @@ import torch
 
 from agents import placement
 from baselines.infra import distributed, play
-from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges
+from baselines.infra.config import CRITIC, LearnerConfig, check_choice, check_ints, check_ranges, with_critic
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import RoleEnvs, probe_env
 from baselines.infra.run import Run, mean_over_agents
@@ -107,6 +107,10 @@ class Config(LearnerConfig):
     """Value function: ``per-agent`` (a value head on each model's adapter: IAC) or ``central`` (one
     critic adapter + value head, MAAC's, shared by every model, reading every agent's prompt and response
     before the scored tokens; its own optimizer at learning_rate; baselines/rl/critic.py)."""
+    critic_model: str | None = None
+    """``--critic central``: the base model of the critic's adapter and value head (HF id or local
+    directory); unset: the first model's base. A model of another tokenizer than the critic's is read as
+    its text in the critic's tokens (docs/maac.md)."""
     seed_per_episode: bool | None = None
     """Sample each episode on its own from a seed of (seed, iteration, episode position), so that the
     samples do not depend on how episodes are split across processes. Unset: on with several
@@ -137,6 +141,9 @@ class Config(LearnerConfig):
         if self.seed_per_episode is not None and not isinstance(self.seed_per_episode, bool):
             raise ValueError(f"seed_per_episode must be True, False or None, got {self.seed_per_episode!r}")
         check_choice(self, "critic", ("per-agent", "central"))
+        if self.critic_model is not None and self.critic != "central":
+            raise ValueError(f"critic_model={self.critic_model!r} is the base of the central critic: pass it with "
+                             "--critic central (the per-agent critics are value heads on each model's own base)")
         if self.kl_in == "loss" and self.adaptive_kl:
             raise ValueError(
                 "kl_in='loss' with adaptive_kl=True: the adaptive controller steers the reward penalty's "
@@ -413,10 +420,10 @@ def train(
     if critic and (CRITIC in models or CRITIC in roles):
         raise ValueError(f"--critic central names its adapter {CRITIC!r}, which is also a model of {config.env!r}")
     config.check_agents(models)
-    # A team (--agent-models): the central critic sits on the first model's base.
+    # --critic central: the critic sits on --critic-model, by default the first model's base.
     team_models = config.model_of(models)
-    if isinstance(team_models, dict) and critic:
-        team_models[CRITIC] = team_models[models[0]]
+    if critic:
+        team_models = with_critic(team_models, models, config.critic_model)
     lora = config.lora_of(models)
     if isinstance(lora, dict) and critic:
         lora[CRITIC] = LoraSettings(rank=config.lora_rank, alpha=config.lora_alpha)
