@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 import tiny_models
 import torch
@@ -913,6 +914,60 @@ def test_marlhf_reward_model_reads_a_team_of_two_tokenizers(model_dirs, tmp_path
     result = marlhf.main(config)
     assert_trained(result, config.run_dir() / "rl", ["brief", "detailed"])
     assert 0 <= result["pref/rm_heldout_accuracy"] <= 1
+
+
+def test_madpo_comparator_model_of_another_tokenizer(model_dirs, tmp_path, toks, monkeypatch, varied_writing_reward):
+    """MADPO's ``--comparator model`` with a comparator of another tokenizer than the team's: it plays
+    through envs of its own tokenizer, and its responses join the pairs as their text in the agents'
+    tokens, ending with the agent's EOS where its own ended with its EOS (hand-checked on two responses,
+    then a run that trains)."""
+    from types import SimpleNamespace
+
+    from baselines.learners import madpo
+    from baselines.rl.preference import PromptCandidates
+    from baselines.rl.preference_team import Team
+
+    smol, bpe = toks
+    fake = SimpleNamespace(comparator_foreign={"brief": (bpe, smol, {bpe.eos_token_id}, smol.eos_token_id)})
+    ended = bpe("The council met", add_special_tokens=False).input_ids + [bpe.eos_token_id]
+    cut = bpe("café au", add_special_tokens=False).input_ids  # stopped by the length budget: no EOS
+    other = [1, 2, 3]
+    pc = PromptCandidates({"brief": torch.tensor([7]), "detailed": torch.tensor([8])},
+                          {"brief": [torch.tensor(ended), torch.tensor(cut)], "detailed": [torch.tensor(other)] * 2},
+                          np.array([1.0, 0.0]))
+    (got,) = Team.in_agents_tokens(fake, [pc])
+    assert got.responses["brief"][0].tolist() == smol("The council met", add_special_tokens=False).input_ids + [
+        smol.eos_token_id]
+    assert got.responses["brief"][1].tolist() == smol("café au", add_special_tokens=False).input_ids
+    assert got.responses["detailed"][0].tolist() == other and got.prompts is pc.prompts  # the comparator's tokenizer
+
+    seen = []
+    real = Team.in_agents_tokens
+
+    def spy(self, prompts):
+        out = real(self, prompts)
+        seen.append((prompts, out))
+        return out
+
+    monkeypatch.setattr(Team, "in_agents_tokens", spy)
+    config = madpo.Config(**learner_settings(
+        tmp_path, "madpo-comparator", model=model_dirs["llama"], comparator_model=model_dirs["qwen"], iterative=True,
+        comparator="model", max_source_words=20, num_problems=2, num_candidates=3, max_new_tokens=8, temperature=1.0,
+        top_p=1.0, top_k=0, num_eval_problems=0))
+    result = madpo.main(config)
+    assert_trained(result, config.run_dir(), ["brief", "detailed"])
+    assert 0 <= result["pref/win_rate"] <= 1
+    assert len(seen) == 2
+    qwen_tok = load_tokenizer(model_dirs["qwen"])
+    eos = set(load_tokenizer(model_dirs["qwen"]).convert_tokens_to_ids([qwen_tok.eos_token]))
+    for before, after in seen:  # every comparator response: its text in SmolLM2's tokens (random weights write
+        for b, a in zip(before, after):  # control bytes SmolLM2's vocabulary has no token for: dropped)
+            for agent in ("brief", "detailed"):
+                for old, new in zip(b.responses[agent], a.responses[agent]):
+                    text = qwen_tok.decode(old.tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                    expected = smol(text, add_special_tokens=False).input_ids
+                    expected += [smol.eos_token_id] if old.tolist()[-1:] and old.tolist()[-1] in eos else []
+                    assert new.tolist() == expected
 
 
 def contains(row: list[int], part: list[int]) -> bool:

@@ -72,7 +72,8 @@ class PreferenceConfig(LearnerConfig):
     comparator: Comparator = "current"
     """Iterative: who candidate j plays against. ``current``: the live team on its own RNG stream;
     ``initial``: the team before training; ``history``: the team ``comparator_history`` iterations back;
-    ``model``: ``comparator_model`` (same tokenizer as the agents)."""
+    ``model``: ``comparator_model`` (a model of another tokenizer plays through envs of its own
+    tokenizer, and its responses join the pairs as their text in each agent's tokens)."""
     comparator_history: int = 1
     """k of ``comparator=history``."""
     comparator_model: str | None = None
@@ -165,23 +166,35 @@ class Team:
             share_prompts=config.share_prompts, **policy_kwargs,
         )
         self.env_kwargs = team_env_kwargs(env_kwargs, self.policy, agents)
-        self._venvs: dict[int, Any] = {}
+        self._base_env_kwargs = env_kwargs
+        self._venvs: dict[tuple[int, str], Any] = {}
         self.n_train = len(self.venv(1).envs[0].task.problems("train"))
         # The team before training (LoRA adapters are built from the seed, so a resumed run gets the same).
         self.initial = self.snapshot()
         self.history: dict[int, dict[str, list[torch.Tensor]]] = {}
         self.comparator_policy = None
+        self.comparator_foreign: dict[str, tuple[Any, Any, set[int], int]] = {}
+        """Agent -> (the comparator's tokenizer, the agent's, the comparator's EOS ids, the agent's EOS id)
+        where the comparator model speaks another tokenizer than the agent (empty: one tokenizer)."""
         self.last_venv: Any = None
         if config.iterative and config.comparator == "model":
             self.comparator_policy = self._comparator_model()
 
-    def venv(self, num_prompts: int) -> Any:
+    def venv(self, num_prompts: int, which: str = "team") -> Any:
+        """The vector env of ``num_prompts`` prompts' candidates, built once and kept: the team's, or
+        (``which="model"``) the comparator model's, which speaks its tokenizers where they differ."""
         from llm_envs.core.vector import make_vec
 
+        kwargs = self.env_kwargs
+        if which == "model" and self.comparator_foreign:
+            kwargs = team_env_kwargs(self._base_env_kwargs, self.comparator_policy, self.agents)
+        else:
+            which = "team"
+
         n = num_prompts * self.config.num_candidates
-        if n not in self._venvs:
-            self._venvs[n] = make_vec(self.config.env, n, max_new_tokens=self.config.max_new_tokens, **self.env_kwargs)
-        return self._venvs[n]
+        if (n, which) not in self._venvs:
+            self._venvs[n, which] = make_vec(self.config.env, n, max_new_tokens=self.config.max_new_tokens, **kwargs)
+        return self._venvs[n, which]
 
     def close(self) -> None:
         for venv in self._venvs.values():
@@ -194,12 +207,36 @@ class Team:
         config = self.config
         other = MultiAgentPolicy.from_pretrained(self.agents, config.comparator_model, dtype=config.dtype,
                                                  device=config.device, mixed_batches=False, backend=config.backend)
-        for a in self.agents:
-            if tokenizer_fingerprint(other.tokenizer_of(a)) != tokenizer_fingerprint(self.policy.tokenizer_of(a)):
-                raise ValueError(f"comparator_model {config.comparator_model!r} speaks another tokenizer than agent "
-                                 f"{a!r}; the pairs hold token ids of the agents' tokenizers: pick a model of the same "
-                                 "tokenizer family")
+        for a in self.agents:  # an agent of another tokenizer than the comparator's: text between them
+            theirs, ours = other.tokenizer_of(a), self.policy.tokenizer_of(a)
+            if tokenizer_fingerprint(theirs) != tokenizer_fingerprint(ours):
+                self.comparator_foreign[a] = (theirs, ours, set(other.eos_token_ids_of(a)),
+                                              int(next(iter(self.policy.eos_token_ids_of(a)))))
         return other
+
+    def in_agents_tokens(self, prompts: Sequence[PromptCandidates]) -> list[PromptCandidates]:
+        """The comparator model's candidates with each response in its agent's tokens: for an agent whose
+        tokenizer is not the comparator's, the response's text (special tokens dropped) encoded by the
+        agent's tokenizer, then the agent's EOS where the comparator's response ended with its own (the
+        agent's log-prob of the pair's response then counts the end, as for the team's responses). The
+        prompts stay the comparator's: the pairs take the team's (:meth:`matched`)."""
+        if not self.comparator_foreign:
+            return list(prompts)
+        out = []
+        for pc in prompts:
+            responses = dict(pc.responses)
+            for a, (theirs, ours, their_eos, our_eos) in self.comparator_foreign.items():
+                converted = []
+                for ids in pc.responses[a]:
+                    row = ids.tolist()
+                    text = theirs.decode(row, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                    new = ours(text, add_special_tokens=False)["input_ids"]
+                    if row and row[-1] in their_eos:
+                        new.append(our_eos)
+                    converted.append(torch.tensor(new, dtype=torch.long))
+                responses[a] = converted
+            out.append(PromptCandidates(pc.prompts, responses, pc.rewards))
+        return out
 
     # ------------------------------------------------------------------ weights
     def snapshot(self) -> dict[str, list[torch.Tensor]]:
@@ -220,8 +257,9 @@ class Team:
         under its own seed, so they do not depend on how the batch is split between processes."""
         config = self.config
         positions = distributed.shard(range(len(problems)))  # this process's prompts of the batch
-        venv = self.venv(len(positions))
-        self.last_venv = venv
+        venv = self.venv(len(positions), which)
+        if which == "team":
+            self.last_venv = venv
         n = config.num_candidates
         group_seeds = [distributed.group_seed(config.seed, iteration, stream, b) for b in positions]
         env_seeds = [config.seed * 1_000_003 + iteration * len(problems) * n + b * n + j
@@ -316,7 +354,10 @@ def iterative_pairs(
     other_r = team.penalised(other, which)
     mine = team.candidates(problems, iteration, stream=0)
     mine_r = team.penalised(mine)
-    pairs = team.matched(team.gathered(mine, mine_r), team.gathered(other, other_r), iteration, run.rng)
+    theirs = team.gathered(other, other_r)
+    if which == "model":  # a comparator of another tokenizer: its responses in the agents' tokens
+        theirs = team.in_agents_tokens(theirs)
+    pairs = team.matched(team.gathered(mine, mine_r), theirs, iteration, run.rng)
     mine_r, other_r = distributed.gather_rows(mine_r), distributed.gather_rows(other_r)
     decided = mine_r != other_r
     metrics = reward_metrics(distributed.gather_rows(dict(mine.infos[team.agents[0]])))
