@@ -773,6 +773,15 @@ def test_central_view_aligns_each_foreign_token_with_the_critics_state_of_the_sa
                *pioneer.response_ids[row][pioneer.response_mask[row].bool()].tolist()]
         assert kept == own + smol("Improve it", add_special_tokens=False).input_ids
     assert read.seconds > 0
+    # A character the critic's vocabulary has no token for (SmolLM2 drops the control byte 0x14): the
+    # critic reads "The council", and every token before the end takes a state of the text before it, not
+    # the probe's (which holds the whole response): The|Ĕ|Ġc|ou|n|cil|<eos> -> The|Ġcouncil|probe.
+    hostile = generation(bpe, ["Improve it"], ["The\x14 council"])
+    assert bpe.convert_ids_to_tokens(hostile.response_ids[0, :-1].tolist()) == ["The", "Ĕ", "Ġc", "ou", "n", "cil"]
+    assert smol.convert_ids_to_tokens(smol("The\x14 council", add_special_tokens=False).input_ids) == ["The",
+                                                                                                      "Ġcouncil"]
+    _, hostile_positions = read.align("observer", hostile.response_ids, hostile.response_mask)
+    assert hostile_positions[0].tolist() == [0, 1, 1, 1, 1, 1, 2]
     # Scoring the pioneer: the observer's prompt and response are read as text; the pioneer's response as
     # its own ids (no alignment).
     players = {"pioneer": "pioneer", "observer": "observer"}

@@ -173,18 +173,25 @@ class CriticReader:
         takes the critic's state of the longest prefix it holds: the last critic token that starts at
         or before where token j starts. Where the two tokenizers cut the text alike, that is the same
         state; elsewhere it is the state a few characters earlier (at most one critic token). The EOS
-        and any control token decode to no text and take the state of the text before them."""
+        and any control token decode to no text and take the state of the text before them.
+
+        The critic's tokens are placed in the text it reads back (its decode of them): where its
+        vocabulary drops a character of the text (a control byte a byte-level BPE has no token for),
+        offsets in the text map to offsets in what it reads over the characters the two share
+        (:func:`offset_map`), so no token takes a state that holds text after it."""
         start = time.perf_counter()
         mask = response_mask.cpu().bool()
         rows = [row[keep].tolist() for row, keep in zip(response_ids.cpu(), mask)]
         texts = self.text(agent, response_ids, response_mask)
         encoded = self.encoded(agent, texts)
         theirs = token_starts(self.foreign[agent], rows, texts)
-        ours = token_starts(self.tokenizer, encoded, texts)  # ours[i][-1]: after the text, the probe's state
+        seen = self.tokenizer.batch_decode(encoded, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        ours = token_starts(self.tokenizer, encoded, seen)  # ours[i][-1]: after the text, the probe's state
         positions = torch.zeros(mask.shape, dtype=torch.long)
         for i, keep in enumerate(mask):
             where = keep.nonzero().flatten()
-            picked = [bisect.bisect_right(ours[i], at) - 1 for at in theirs[i][: len(where)]]
+            to_seen = offset_map(texts[i], seen[i])
+            picked = [bisect.bisect_right(ours[i], to_seen(at)) - 1 for at in theirs[i][: len(where)]]
             positions[i, where] = torch.tensor(picked, dtype=torch.long)
         probe = int(self.pad_id)
         response = padded([row + [probe] for row in encoded], self.pad_id, left=False)
@@ -456,6 +463,33 @@ def streamed_starts(tokenizer: Any, row: Sequence[int], text: str) -> list[int] 
     except Exception:  # an id the stream cannot decode: the prefixes' way
         return None
     return starts if "".join(pieces) == text else None
+
+
+def offset_map(text: str, seen: str) -> Any:
+    """Offset in ``text`` -> offset in ``seen``, a version of it with characters dropped or changed (what
+    a tokenizer reads back of ``text``): over the blocks of characters the two share (``difflib``), an
+    offset inside or after a block maps to the same place in ``seen``'s copy of it, never past it.
+    Monotone; the identity when the two are equal.
+
+    >>> to_seen = offset_map("ab\x14cd", "abcd")
+    >>> [to_seen(a) for a in range(6)]
+    [0, 1, 2, 2, 3, 4]
+    """
+    if text == seen:
+        return lambda at: at
+    from difflib import SequenceMatcher
+
+    blocks = SequenceMatcher(None, text, seen, autojunk=False).get_matching_blocks()
+
+    def to_seen(at: int) -> int:
+        out = 0
+        for i, j, size in blocks:
+            if i > at:
+                break
+            out = j + min(at - i, size)
+        return out
+
+    return to_seen
 
 
 def shared_prefix(a: str, b: str) -> int:
