@@ -602,9 +602,9 @@ class FusedDecoder:
     @staticmethod
     def _spans(mask: torch.Tensor) -> list[tuple[int, int]] | None:
         """Each row's span of tokens where span attention would serve rows of ``mask`` (N, S): CPU rows
-        longer than ``SPAN_ATTENTION_MIN_LENGTH``, each one span; else None."""
-        if mask.device.type != "cpu" or mask.shape[-1] <= SPAN_ATTENTION_MIN_LENGTH:
-            return None
+        longer than ``SPAN_ATTENTION_MIN_LENGTH``, each one span, outside ``torch.compile``; else None."""
+        if mask.device.type != "cpu" or mask.shape[-1] <= SPAN_ATTENTION_MIN_LENGTH or torch.compiler.is_compiling():
+            return None  # (a compiled pass keeps the mask: the spans are read by the host)
         return row_spans(mask)
 
     def _attention(self, allowed: torch.Tensor, dtype: torch.dtype, length: int,
