@@ -4,7 +4,8 @@
 # project's root, with the kit in .gpu/ (wheels in .gpu/whl, a weightless default-model cache in
 # .gpu/skeleton, steps.sh and make_model.py copied from ../shared/gpu/) and OUT set to a folder that comes back:
 #
-#     BUDGET=480 bash scripts/gpu_window.sh        # then read $OUT/summary.txt (one line a step)
+#     BUDGET=480 bash scripts/gpu_window.sh        # then read $OUT/summary.txt (one line a step);
+#                                                  # each bench's JSON is in $OUT/measured/<step>.json
 #
 # Each step's last output line is a bench's JSON or pytest's summary; $OUT/logs.txt has everything. In order of
 # what the issue needs most (a step that no longer fits the budget is skipped, and says so):
@@ -25,12 +26,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>
 git log -1 --format='commit %h %s' >> "$SUM" 2>/dev/null
 [ -d /tmp/c135 ] || python3 .gpu/make_model.py .gpu/skeleton /tmp/c135 --size 135m > /dev/null 2>&1
 export LLM_ENVS_CACHE=/tmp/c135
-step magrpo135x1 45 python3 bench/magrpo_step.py --device cuda --shape 135m --problems 1 --iterations 8
-step magrpo17bx1 60 python3 bench/magrpo_step.py --device cuda --shape 1.7b --problems 1 --iterations 8
+# A bench step's JSON (its last line) also goes whole to $OUT/measured/<step>.json: the summary cuts lines,
+# and the docs' GPU figures are rendered from JSON kept in the repo (copy them to bench/measured/gpu/).
+mkdir -p "$OUT/measured"
+bench() {
+  local name=$1; rm -f /tmp/step.log; step "$@"  # (a skipped step leaves no log)
+  [ -f /tmp/step.log ] && tail -n 1 /tmp/step.log | python3 -c "import json,sys; json.loads(sys.stdin.read())" \
+    2>/dev/null && tail -n 1 /tmp/step.log > "$OUT/measured/$name.json"
+}
+bench magrpo135x1 45 python3 bench/magrpo_step.py --device cuda --shape 135m --problems 1 --iterations 8
+bench magrpo17bx1 60 python3 bench/magrpo_step.py --device cuda --shape 1.7b --problems 1 --iterations 8
 step tests 150 make test-gpu GPU_PY=python3 GPU_WORKERS=8
-step magrpo135 45 python3 bench/magrpo_step.py --device cuda --shape 135m --iterations 3
-step magrpo17b 60 python3 bench/magrpo_step.py --device cuda --shape 1.7b --iterations 3
-step decode135 45 python3 bench/decode_step.py --device cuda --shape 135m --rows 32 256 --modes graph --no-baselines
-step decode17b 50 python3 bench/decode_step.py --device cuda --shape 1.7b --rows 32 --modes graph --no-baselines
+bench magrpo135 45 python3 bench/magrpo_step.py --device cuda --shape 135m --iterations 3
+bench magrpo17b 60 python3 bench/magrpo_step.py --device cuda --shape 1.7b --iterations 3
+bench decode135 45 python3 bench/decode_step.py --device cuda --shape 135m --rows 32 256 --modes graph --no-baselines
+bench decode17b 50 python3 bench/decode_step.py --device cuda --shape 1.7b --rows 32 --modes graph --no-baselines
 grep -E "^(FAILED|ERROR)|^E  |SKIPPED" "$LOG" | head -120 > "$OUT/failures.txt"
 cat "$SUM"
