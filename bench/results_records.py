@@ -11,6 +11,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -341,7 +342,8 @@ def running_pid(record: Path) -> int | None:
 def running_records(out: Path, comparison: str) -> dict[str, dict[str, Any]]:
     """The records of ``comparison`` that a live process is running now: record -> its ``pid``, ``log``
     and, for a training run, the last ``iteration`` its metrics logged (0 before the first) ``of`` its
-    iterations."""
+    iterations, and once iterations have run, ``eta_s``: the iterations left at the median pace of the
+    last three (``charts/s_per_iteration``; the evaluation after training not counted)."""
     folder = out / comparison
     found: dict[str, dict[str, Any]] = {}
     for marker in sorted(folder.glob("*.running")) if folder.is_dir() else ():
@@ -357,8 +359,11 @@ def running_records(out: Path, comparison: str) -> dict[str, dict[str, Any]]:
         if "log" in details:
             entry["log"] = details["log"]
         if details.get("run_dir"):
-            entry.update(iteration=_last_step(Path(details["run_dir"]) / "metrics.jsonl"),
-                         of=details.get("num_iterations"))
+            metrics = Path(details["run_dir"]) / "metrics.jsonl"
+            entry.update(iteration=_last_step(metrics), of=details.get("num_iterations"))
+            pace = _pace(metrics)
+            if pace is not None and isinstance(entry["of"], int):
+                entry["eta_s"] = round(max(entry["of"] - entry["iteration"], 0) * pace)
         found[record.name] = entry
     return found
 
@@ -378,6 +383,23 @@ def resumable_records(out: Path, comparison: str, runs_dir: Path) -> dict[str, d
             if step is not None:
                 found[path.name] = {"step": step, "legs": len(legs), "run_dir": str(run_dir)}
     return found
+
+
+def _pace(metrics: Path) -> float | None:
+    """The median ``charts/s_per_iteration`` of a metrics file's last three iterations that logged it."""
+    try:
+        lines = metrics.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    paces: list[float] = []
+    for line in reversed(lines):
+        try:
+            paces.append(float(json.loads(line)["charts/s_per_iteration"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+        if len(paces) == 3:
+            break
+    return statistics.median(paces) if paces else None
 
 
 def _last_step(metrics: Path) -> int:

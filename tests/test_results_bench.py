@@ -131,11 +131,13 @@ def test_a_record_running_elsewhere_is_skipped_and_a_dead_claim_taken_over(resul
 
 
 def test_status_says_how_far_a_running_record_is(results, tmp_path, capsys) -> None:
-    """``status`` lists the records a live process runs now, with the last iteration its metrics logged;
-    the marker ``run`` writes holds what that needs (the log, the run directory, the iterations)."""
+    """``status`` lists the records a live process runs now, with the last iteration its metrics logged
+    and the time its iterations left take at its pace; the marker ``run`` writes holds what that needs
+    (the log, the run directory, the iterations)."""
     out, run_dir = tmp_path / "records", tmp_path / "runs" / "magrpo__magrpo__s1"
     run_dir.mkdir(parents=True)
-    rows = [{"step": 0, "eval/total": 1.0}, {"step": 1, "reward/total": 0.5}, {"step": 2, "reward/total": 0.7}]
+    rows = [{"step": 0, "eval/total": 1.0}, {"step": 1, "reward/total": 0.5, "charts/s_per_iteration": 30.0},
+            {"step": 2, "reward/total": 0.7, "charts/s_per_iteration": 50.0}]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "rew')
     (out / "magrpo").mkdir(parents=True)
     details = {"log": str(tmp_path / "m.log"), "run_dir": str(run_dir), "num_iterations": 20}
@@ -147,7 +149,8 @@ def test_status_says_how_far_a_running_record_is(results, tmp_path, capsys) -> N
     assert results.main(["status", "--out", str(out)]) == 0
     running = last_json(capsys)["magrpo"]["running"]
     assert running == {
-        "magrpo__s1.json": {"pid": os.getppid(), "log": details["log"], "iteration": 2, "of": 20},  # 3 is half-written
+        # 3 is half-written; 18 iterations left at the median pace of the last ones (30 and 50 s): 720 s
+        "magrpo__s1.json": {"pid": os.getppid(), "log": details["log"], "iteration": 2, "of": 20, "eta_s": 720},
         "magrpo__s2.json": {"pid": os.getppid()},
     }
     assert sys.modules[results.run_records.__module__].running_pid(out / "magrpo" / "magrpo__s1.json") == os.getppid()
