@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agents.attention import grouped_attention
+from agents.attention import grouped_attention, span_attention
 from agents.decoder import (
     SUPPORTED_MODEL_TYPES,
     Attend,
@@ -185,7 +185,7 @@ class RolloutEngine(FusedDecoder):
         prefill_mask = causal_allowed(pre_mask)
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self.decode_layers(
-            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None]),
+            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self._spans(pre_mask)),
             weights, loras, [b.rows for b in pre_blocks],
         )
         last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
@@ -358,15 +358,19 @@ def _finished(
     return response, (~after_eos).long(), logprobs.masked_fill(after_eos, 0.0)
 
 
-def _cached(caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor) -> Attend:
+def _cached(caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor,
+            spans: list[tuple[int, int]] | None = None) -> Attend:
     """Attention that writes each layer's new keys and values at cache columns ``start ..`` and attends
-    over the cache up to them."""
+    over the cache up to them. ``spans`` (a prefill, ``start`` 0: :meth:`FusedDecoder._spans` of its
+    rows): span by span, without the mask (the pad queries' results, never read, are zeros)."""
 
     def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = caches[index]
         end = start + q.shape[2]
         k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
+        if spans is not None and start == 0:
+            return span_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], spans)
         return grouped_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
 
     return attend

@@ -283,3 +283,39 @@ def test_tempered_logprobs_recompute(tokenizer, backend):
     assert not torch.allclose(raw, gen.logprobs, atol=1e-3)
     with pytest.raises(ValueError, match="temperature must be a number > 0, got 0"):
         policy.logprobs("helper", gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, temperature=0)
+
+
+def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch):
+    """Past ``SPAN_ATTENTION_MIN_LENGTH`` (here 0) a CPU prefill of left-padded prompts attends span by
+    span: the same greedy tokens and log-probs as transformers' ``generate`` (sampled: the same as the
+    masked prefill's, to float32 rounding)."""
+    from agents import decoder as decoder_module
+    from agents import engine as engine_module
+
+    policy = make_policy(tokenizer)
+    ids, mask = batch(tokenizer, 5)
+    prompts = {"helper": (ids, mask), "main": (ids[:3], mask[:3])}
+    both = {"helper": (ids, mask), "main": (ids, mask)}  # seeded rows: every agent the same rows
+    sampled = dict(max_new_tokens=12, temperature=0.9, seeds=list(range(5)))
+    with with_backend(policy, "engine"):
+        masked = policy.generate_joint(both, 2, **sampled)
+    with with_backend(policy, "generate"):
+        theirs = policy.generate_joint(prompts, 2, max_new_tokens=12, greedy=True)
+    calls = []
+    real = engine_module.span_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH", 0)
+    monkeypatch.setattr(engine_module, "span_attention", spy)
+    with with_backend(policy, "engine"):
+        greedy = policy.generate_joint(prompts, 2, max_new_tokens=12, greedy=True)
+        spanned = policy.generate_joint(both, 2, **sampled)
+    assert calls
+    for agent in AGENTS:
+        assert torch.equal(greedy[agent].response_ids, theirs[agent].response_ids), agent
+        torch.testing.assert_close(greedy[agent].logprobs, theirs[agent].logprobs, atol=1e-5, rtol=0)
+        assert torch.equal(spanned[agent].response_ids, masked[agent].response_ids), agent
+        torch.testing.assert_close(spanned[agent].logprobs, masked[agent].logprobs, atol=1e-5, rtol=0)
