@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from results_comparisons import LAST
+from results_comparisons import COMPARISONS, LAST
 
 Record = dict[str, Any]
 
@@ -105,8 +105,13 @@ def by_seed(records: Sequence[Record], name: str, value: Value) -> dict[int, flo
 
 
 def method_label(records: Sequence[Record], name: str) -> str:
+    """A method's label: its records', else (a method with no record yet) the label the comparison of
+    ``records`` gives it, else its name."""
     mine = of_method(records, name)
-    return mine[0]["label"] if mine else name
+    if mine:
+        return mine[0]["label"]
+    comparisons = {r.get("comparison") for r in records} & set(COMPARISONS)
+    return next((m.label for c in sorted(comparisons) for m in COMPARISONS[c] if m.name == name), name)
 
 
 def cpu_line(records: Sequence[Record]) -> str:

@@ -543,3 +543,16 @@ def test_a_reading_states_what_its_records_show(results) -> None:
     assert "no test (fewer than two seeds a side, or no spread)" in text.split("\n")[2]
     table = "\n".join(reading.significance_table(records, comparisons))
     assert "Holm's correction over the 2 paired and 2 Welch tests" in table  # c (one seed) has no test
+
+
+def test_a_method_with_no_record_yet_is_named_by_its_own_comparisons_label(results) -> None:
+    """Two comparisons name a method ``magrpo-2turn`` with different labels: a table row of the coding
+    section for it, before any record exists, takes the coding comparison's label, not its name or the
+    writing one's."""
+    values = sys.modules["results_values"]
+    coding = [{"comparison": "coding", "method": "single", "label": "one coder", "seed": 0}]
+    assert values.method_label(coding, "single") == "one coder"
+    assert values.method_label(coding, "magrpo-2turn") == "MAGRPO pair, 2 turns (tests' feedback)"
+    assert values.method_label([{"comparison": "magrpo", "method": "magrpo", "label": "x", "seed": 0}],
+                               "magrpo-2turn") == "MAGRPO, 2 turns (env feedback)"
+    assert values.method_label(coding, "no-such-method") == "no-such-method"
