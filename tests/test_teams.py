@@ -782,6 +782,15 @@ def test_central_view_aligns_each_foreign_token_with_the_critics_state_of_the_sa
                                                                                                       "Ġcouncil"]
     _, hostile_positions = read.align("observer", hostile.response_ids, hostile.response_mask)
     assert hostile_positions[0].tolist() == [0, 1, 1, 1, 1, 1, 2]
+    # The other way round: a critic of the BPE splits "é" over two tokens (Ã, ©); SmolLM2's token Ã© takes
+    # the state before Ã ("caf"), not the one before © (which has read the first byte of é):
+    # c|af|Ã©|<eos> -> c|a|f|Ã|©|probe at 0 1 3 5.
+    bpe_critic = CriticReader(SimpleNamespace(tokenizer_of={"pioneer": smol, "critic": bpe}.get,
+                                              pad_token_id_of=lambda a: bpe.pad_token_id), ["pioneer"])
+    smol_cafe = generation(smol, ["Improve it"], ["café"])
+    assert smol.convert_ids_to_tokens(smol_cafe.response_ids[0, :-1].tolist()) == ["c", "af", "Ã©"]
+    _, cafe_positions = bpe_critic.align("pioneer", smol_cafe.response_ids, smol_cafe.response_mask)
+    assert cafe_positions[0].tolist() == [0, 1, 3, 5]
     # Scoring the pioneer: the observer's prompt and response are read as text; the pioneer's response as
     # its own ids (no alignment).
     players = {"pioneer": "pioneer", "observer": "observer"}

@@ -170,8 +170,9 @@ class CriticReader:
         A value is the estimate of the state before a token. The state before ``agent``'s token j is the
         text its tokens 0..j-1 decode to (a prefix of the row's text: :func:`token_starts`); the critic
         has a state before each of its tokens and one after the whole text (the probe's), and token j
-        takes the critic's state of the longest prefix it holds: the last critic token that starts at
-        or before where token j starts. Where the two tokenizers cut the text alike, that is the same
+        takes the critic's state of the longest prefix it holds: the critic token that starts where
+        token j starts, else the last one that starts before (:func:`critic_position`). Where the two
+        tokenizers cut the text alike, that is the same
         state; elsewhere it is the state a few characters earlier (at most one critic token). The EOS
         and any control token decode to no text and take the state of the text before them.
 
@@ -191,7 +192,7 @@ class CriticReader:
         for i, keep in enumerate(mask):
             where = keep.nonzero().flatten()
             to_seen = offset_map(texts[i], seen[i])
-            picked = [bisect.bisect_right(ours[i], to_seen(at)) - 1 for at in theirs[i][: len(where)]]
+            picked = [critic_position(ours[i], to_seen(at)) for at in theirs[i][: len(where)]]
             positions[i, where] = torch.tensor(picked, dtype=torch.long)
         probe = int(self.pad_id)
         response = padded([row + [probe] for row in encoded], self.pad_id, left=False)
@@ -463,6 +464,20 @@ def streamed_starts(tokenizer: Any, row: Sequence[int], text: str) -> list[int] 
     except Exception:  # an id the stream cannot decode: the prefixes' way
         return None
     return starts if "".join(pieces) == text else None
+
+
+def critic_position(starts: Sequence[int], at: int) -> int:
+    """The critic's position whose state holds the text before offset ``at`` and nothing after it:
+    ``starts`` (non-decreasing) where each critic token starts, then the text's end. The first token
+    that starts at ``at``, else the last that starts before it. Of tokens that start at one offset, the
+    later ones follow a token that ended inside a character (a byte of it, read before the character
+    is complete): their states hold a byte of text after ``at``.
+
+    >>> critic_position([0, 3, 3, 4], 3), critic_position([0, 3, 3, 4], 2), critic_position([0, 3, 3, 4], 4)
+    (1, 0, 3)
+    """
+    index = bisect.bisect_left(starts, at)
+    return index if index < len(starts) and starts[index] == at else index - 1
 
 
 def offset_map(text: str, seen: str) -> Any:
