@@ -122,6 +122,21 @@ def left_padded(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor
     return ids, mask
 
 
+def right_padded(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D rows of ids as (N, L) long ids and mask on the CPU, right-padded with ``pad_id`` to the longest.
+
+    >>> [t.tolist() for t in right_padded([[5, 6], [7]], 0)]
+    [[[5, 6], [7, 0]], [[1, 1], [1, 0]]]
+    """
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
 def right_pad(rows: torch.Tensor, width: int, value: float) -> torch.Tensor:
     if rows.shape[1] == width:
         return rows

@@ -78,6 +78,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
+def count_calls(monkeypatch):
+    """``count_calls(module, name)``: ``module.name`` replaced by a wrapper that calls it and appends to
+    the list returned, which then holds one entry a call."""
+
+    def install(module, name: str) -> list:
+        calls: list = []
+        real = getattr(module, name)
+
+        def spy(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+        return calls
+
+    return install
+
+
+@pytest.fixture
 def varied_writing_reward(monkeypatch):
     """A random tiny model's text mostly scores 0 on the writing reward, and a batch of equal rewards
     teaches nothing: this adds a small bonus per character, so that returns differ whatever was sampled

@@ -287,7 +287,7 @@ def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, shared):
+def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, count_calls, shared):
     """Past ``SPAN_ATTENTION_MIN_LENGTH`` (here 0) a CPU pass attends span by span: the same log-probs,
     values and gradients as the written-out attention over the mask, on left-padded prompts and
     right-padded responses (the shared-prompt pass: its prompts). On a GPU the rows keep the mask."""
@@ -295,15 +295,8 @@ def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, shared):
     batch = grouped(tokenizer) if shared else episode(tokenizer, response=9)
     policy.share_prompts = shared
     masked = loss_and_grads(policy, "helper", batch)
-    calls = []
-    real = decoder_module.span_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
     monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH", 0)
-    monkeypatch.setattr(decoder_module, "span_attention", spy)
+    calls = count_calls(decoder_module, "span_attention")
     spanned = loss_and_grads(policy, "helper", batch)
     assert bool(calls) == (batch[0].device.type == "cpu")
     for a, b in zip(spanned[:2], masked[:2]):

@@ -711,11 +711,11 @@ def generation(tok, prompts: list[str], responses: list[str], eos: bool = True):
     the tokenizer's EOS when ``eos``), in ``tok``'s ids."""
     from types import SimpleNamespace
 
-    from baselines.rl.critic import padded
+    from agents.rows import right_padded
 
     prompt = tok(prompts, padding=True, return_tensors="pt")
     rows = [tok(r, add_special_tokens=False).input_ids + ([tok.eos_token_id] if eos else []) for r in responses]
-    response_ids, response_mask = padded(rows, tok.pad_token_id, left=False)
+    response_ids, response_mask = right_padded(rows, tok.pad_token_id)
     return SimpleNamespace(prompt_ids=prompt.input_ids, prompt_mask=prompt.attention_mask, response_ids=response_ids,
                            response_mask=response_mask)
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from agents.rows import left_padded, right_padded
 from baselines.infra.config import CRITIC
 
 
@@ -148,7 +149,7 @@ class CriticReader:
         when the critic's tokenizer reads some of the text as its unknown token."""
         start = time.perf_counter()
         rows = self.encoded(agent, self.text(agent, ids, mask))
-        out, keep = padded(rows, self.pad_id, left=True)
+        out, keep = left_padded([torch.tensor(r, dtype=torch.long) for r in rows], self.pad_id)
         self.seconds += time.perf_counter() - start
         return out, keep
 
@@ -195,7 +196,7 @@ class CriticReader:
             picked = [critic_position(ours[i], to_seen(at)) for at in theirs[i][: len(where)]]
             positions[i, where] = torch.tensor(picked, dtype=torch.long)
         probe = int(self.pad_id)
-        response = padded([row + [probe] for row in encoded], self.pad_id, left=False)
+        response = right_padded([row + [probe] for row in encoded], self.pad_id)
         self.seconds += time.perf_counter() - start
         return response, positions
 
@@ -388,23 +389,6 @@ def value_loss(
     if denominator is not None:
         return 0.5 * loss.sum() / max(float(denominator), 1.0)
     return 0.5 * loss.mean()
-
-
-def padded(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of ids -> (N, width) ids, mask, padded on the left or the right.
-
-    >>> padded([[5, 6], [7]], 0, left=True)[0].tolist()
-    [[5, 6], [0, 7]]
-    """
-    width = max((len(r) for r in rows), default=0)
-    out = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    keep = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            at = slice(width - len(row), width) if left else slice(0, len(row))
-            out[i, at] = torch.tensor(row, dtype=torch.long)
-            keep[i, at] = 1
-    return out, keep
 
 
 def token_starts(tokenizer: Any, rows: Sequence[Sequence[int]], texts: Sequence[str]) -> list[list[int]]:
