@@ -77,6 +77,45 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny
+    models gain nothing from more, and on a machine shared with other
+    jobs oversubscribed OpenMP threads spin (measured 20x slower passes on 2 busy cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def team_toks():
+    """A team's two tokenizers (tests/team_kit.py): SmolLM2's default one and a byte-level BPE of 300 ids."""
+    from team_kit import byte_bpe
+
+    from llm_envs.tokenizers import load_tokenizer
+
+    return load_tokenizer(None), byte_bpe()
+
+
+@pytest.fixture(scope="session")
+def team_dirs(team_toks, tmp_path_factory):
+    """``llama`` (SmolLM2's tokenizer), ``qwen`` (the BPE tokenizer), ``qwen-smol`` (Qwen2 over SmolLM2's
+    tokenizer, hidden 48: another width than the Llama's 32) as local model directories."""
+    from team_kit import save_model_dir, tiny_qwen
+    from tiny_models import tiny_model
+
+    smol, bpe = team_toks
+    root = tmp_path_factory.mktemp("team")
+    return {
+        "llama": save_model_dir(root / "llama", lambda t: tiny_model(t, 0, extra_eos=range(1000, 2500)), smol),
+        "qwen": save_model_dir(root / "qwen", lambda t: tiny_qwen(t, extra_rows=0), bpe),
+        "qwen-smol": save_model_dir(root / "qwen-smol", lambda t: tiny_qwen(t, seed=2, extra_rows=0), smol),
+    }
+
+
 @pytest.fixture
 def count_calls(monkeypatch):
     """``count_calls(module, name)``: ``module.name`` replaced by a wrapper that calls it and appends to
