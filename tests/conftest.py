@@ -80,8 +80,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module's tests (``pytestmark = pytest.mark.usefixtures("one_thread")``): tiny
-    models gain nothing from more, and on a machine shared with other
-    jobs oversubscribed OpenMP threads spin (measured 20x slower passes on 2 busy cores)."""
+    models gain nothing from more, and on a machine shared with other jobs oversubscribed OpenMP threads
+    spin (measured 20x slower passes on 2 busy cores)."""
     import torch
 
     threads = torch.get_num_threads()
