@@ -15,8 +15,10 @@ kernel whose backward is slow on CPU for short sequences. Here:
   gradients reach each agent's ``lora_A``/``lora_B`` exactly as through PEFT;
 - RoPE is computed once per forward for all layers; full-sequence attention is written out
   (``softmax(q k^T / sqrt(d) + mask) v``, softmax in float32 as transformers' eager attention) for
-  short sequences, whose backward that makes several times cheaper on CPU than the fused kernel,
-  and uses ``scaled_dot_product_attention`` for long ones, where the (S, S) scores would cost memory.
+  short sequences in a pass with gradients, whose backward that makes several times cheaper on CPU
+  than the fused kernel, and uses ``scaled_dot_product_attention`` for long ones, where the (S, S)
+  scores would cost memory; on the CPU, rows of one span each attend span by span
+  (``SPAN_ATTENTION_MIN_LENGTH``), and a pass without gradients does not write attention out.
 
 The result equals the model's own forward (tests check log-probs and gradients against PEFT in
 float32); in bfloat16 the two differ by rounding only. :func:`decoder_support` says which models and
@@ -45,17 +47,27 @@ intermediate size): the normed inputs, projections' outputs, LoRA's intermediate
 the SiLU gate's inputs and outputs (calibrated on SmolLM2-135M; see :meth:`FusedDecoder.activation_bytes`)."""
 
 MATH_ATTENTION_MAX_LENGTH = 512
+"""Full-sequence passes up to this many positions write attention out (fast backward on CPU); longer
+ones use ``scaled_dot_product_attention`` (memory linear in the length)."""
+
+MATH_ATTENTION_MAX_LENGTH_NO_GRAD = 0
+"""The same bound for a CPU pass without gradients (scoring, a reference's log-probs, values): none
+writes attention out. The written-out attention is there for its cheap backward; its forward is the
+slowest of the three ways at every length ``bench/attention_training.py`` measured."""
 
 SPAN_ATTENTION_MIN_LENGTH = 256
 """Rows longer than this whose tokens are one span each (a left-padded prompt, then a right-padded
-response) attend span by span on the CPU (:func:`agents.attention.span_attention`: plain causal
-attention, no mask, the padding skipped). ``bench/attention_training.py`` (what it measured on an AMD
-EPYC Zen 5 is in ``bench/measured/attention_training.json``): from 512 positions on, faster than both
-the masked kernel and the written-out attention, forward and backward, bfloat16 and float32; at 256
-about even; below it the per-row calls' backward costs more than the padding it skips. On a GPU the
-rows keep one launch each way (per-row calls would add launches to a launch-bound step)."""
-"""Full-sequence passes up to this many positions write attention out (fast backward on CPU); longer
-ones use ``scaled_dot_product_attention`` (memory linear in the length)."""
+response) attend span by span on the CPU in a pass with gradients (:func:`agents.attention.span_attention`:
+plain causal attention, no mask, the padding skipped). ``bench/attention_training.py`` (what it measured
+on an AMD EPYC Zen 5 is in ``bench/measured/attention_training.json``): at 256 positions and more, faster
+forward and backward than both the masked kernel and the written-out attention, bfloat16 and float32;
+below it the written-out attention's backward is the cheapest. On a GPU the rows keep one launch each way
+(per-row calls would add launches to a launch-bound step)."""
+
+SPAN_ATTENTION_MIN_LENGTH_NO_GRAD = 64
+"""The same bound for a pass without gradients (scoring, a reference's log-probs, values, the rollout
+engine's prefill): there only the forward counts, and span by span is the fastest of the three ways from
+about 96 positions on (at 64 the masked kernel, by a few percent)."""
 
 
 def decoder_support(model: Any) -> str | None:
@@ -602,8 +614,10 @@ class FusedDecoder:
     @staticmethod
     def _spans(mask: torch.Tensor) -> list[tuple[int, int]] | None:
         """Each row's span of tokens where span attention would serve rows of ``mask`` (N, S): CPU rows
-        longer than ``SPAN_ATTENTION_MIN_LENGTH``, each one span, outside ``torch.compile``; else None."""
-        if mask.device.type != "cpu" or mask.shape[-1] <= SPAN_ATTENTION_MIN_LENGTH or torch.compiler.is_compiling():
+        longer than ``SPAN_ATTENTION_MIN_LENGTH`` (``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` in a pass
+        without gradients), each one span, outside ``torch.compile``; else None."""
+        bound = SPAN_ATTENTION_MIN_LENGTH if torch.is_grad_enabled() else SPAN_ATTENTION_MIN_LENGTH_NO_GRAD
+        if mask.device.type != "cpu" or mask.shape[-1] <= bound or torch.compiler.is_compiling():
             return None  # (a compiled pass keeps the mask: the spans are read by the host)
         return row_spans(mask)
 
@@ -611,7 +625,10 @@ class FusedDecoder:
                    spans: list[tuple[int, int]] | None = None) -> Attend:
         """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees;
         ``spans`` (:meth:`_spans`): the rows' spans of tokens, attended span by span (the queries
-        outside them, padding whose results are never read, get zeros instead of their own value)."""
+        outside them, padding whose results are never read, get zeros instead of their own value).
+        Otherwise the masked kernel for rows longer than ``MATH_ATTENTION_MAX_LENGTH``
+        (``MATH_ATTENTION_MAX_LENGTH_NO_GRAD`` in a CPU pass without gradients), else the written-out
+        attention."""
         groups = self.num_heads // self.num_kv_heads
         if spans is not None:
 
@@ -619,7 +636,8 @@ class FusedDecoder:
                 return span_attention(q, k, v, spans)
 
             return spanned
-        if length > MATH_ATTENTION_MAX_LENGTH:
+        scoring = allowed.device.type == "cpu" and not torch.is_grad_enabled()
+        if length > (MATH_ATTENTION_MAX_LENGTH_NO_GRAD if scoring else MATH_ATTENTION_MAX_LENGTH):
 
             def fused(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return grouped_attention(q, k, v, allowed)

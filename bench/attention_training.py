@@ -18,10 +18,11 @@ scoring pass); ``train`` a forward and a backward. Each figure is the median of 
 
 Then whole passes (``--no-pass`` skips them): the embedded SmolLM2-135M-Instruct with a rank-8 adapter
 and a value head, in the machine's default dtype, scoring and training (forward and backward of
-``-log-probs + value loss``) the rows of a coding pair's update (:data:`PASSES`: left-padded prompts of
-the lengths a coding run's first and second turns have, right-padded responses of 128-256 tokens),
-with the decoder's span attention (``agents.decoder.SPAN_ATTENTION_MIN_LENGTH``) and without it, in
-the same run.
+``-log-probs + value loss``) the rows of :data:`PASSES` (left-padded prompts, right-padded responses:
+a coding pair's update, its first and second turns, and shorter rows), the decoder's ways chosen three
+ways in the same run (:data:`CHOICES`): as it chooses them (``now``), as it chose them before scoring
+passes had their own bounds (``before``: span attention past 256 positions, written-out attention up to
+512, gradients or not), and without span attention (``no_spans``).
 Prints one JSON object on its last line.
 
     python bench/attention_training.py [--threads 1] [--repeats 3] [--no-pass]
@@ -46,12 +47,19 @@ from agents.decoder import causal_allowed
 from agents.models import machine_description
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
-SHAPES = (("imdb", 32, 64), ("short", 16, 128), ("medium", 16, 256), ("coding", 8, 512), ("coding", 8, 640),
-          ("coding-2turn", 4, 1024))
+SHAPES = (("imdb", 32, 64), ("short", 32, 96), ("short", 16, 128), ("medium", 16, 192), ("medium", 16, 256),
+          ("coding", 8, 512), ("coding", 8, 640), ("coding-2turn", 4, 1024))
 """(what, rows, positions a row)."""
-PASSES = (("coding", 8, (300, 334), (128, 256)), ("coding-2turn", 4, (640, 948), (128, 256)))
+PASSES = (("medium", 16, (64, 96), (48, 96)), ("coding", 8, (300, 334), (128, 256)),
+          ("coding-2turn", 4, (640, 948), (128, 256)))
 """(what, rows, prompt tokens (fewest, most), response tokens (fewest, most)): the second turn's prompts of
 a 2-turn coding run measured 350-948 tokens, 640 on average."""
+CHOICES = {
+    "now": {},
+    "before": {"SPAN_ATTENTION_MIN_LENGTH_NO_GRAD": 256, "MATH_ATTENTION_MAX_LENGTH_NO_GRAD": 512},
+    "no_spans": {"SPAN_ATTENTION_MIN_LENGTH": 10**9, "SPAN_ATTENTION_MIN_LENGTH_NO_GRAD": 10**9},
+}
+"""The decoder's bounds (``agents.decoder``'s constants) each whole pass is timed under, by name."""
 
 
 def timed(fn, repeats: int) -> float:
@@ -89,8 +97,8 @@ def measure(fn, qkv: tuple[torch.Tensor, ...], grad: torch.Tensor, repeats: int)
 
 
 def whole_passes(repeats: int) -> list[dict]:
-    """Milliseconds of the decoder's scoring and training passes over the rows of :data:`PASSES`, with
-    span attention and without (``SPAN_ATTENTION_MIN_LENGTH`` above every row's length)."""
+    """Milliseconds of the decoder's scoring and training passes over the rows of :data:`PASSES`, under
+    each of :data:`CHOICES`."""
     from agents import LoraSettings, MultiAgentPolicy
     from agents.models import resolve_dtype
 
@@ -128,14 +136,17 @@ def one_pass(policy, what: str, rows: int, prompts: tuple[int, int], responses: 
     dtype = policy.model.get_base_model().dtype
     out: dict = {"what": what, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
                  "positions": width + length, "tokens": int(prompt_mask.sum() + response_mask.sum())}
-    bound = decoder_module.SPAN_ATTENTION_MIN_LENGTH
-    for name, limit in (("spans", bound), ("mask", 10**9)):
-        decoder_module.SPAN_ATTENTION_MIN_LENGTH = limit
+    for name, bounds in CHOICES.items():
+        kept = {key: getattr(decoder_module, key) for key in bounds}
+        for key, value in bounds.items():
+            setattr(decoder_module, key, value)
         try:
             out[name] = {"score_ms": round(timed(score, repeats), 1), "train_ms": round(timed(train, repeats), 1)}
         finally:
-            decoder_module.SPAN_ATTENTION_MIN_LENGTH = bound
-    out["speedup"] = {key: round(out["mask"][key] / out["spans"][key], 2) for key in ("score_ms", "train_ms")}
+            for key, value in kept.items():
+                setattr(decoder_module, key, value)
+    out["speedup"] = {other: {key: round(out[other][key] / out["now"][key], 2) for key in ("score_ms", "train_ms")}
+                      for other in CHOICES if other != "now"}
     return out
 
 

@@ -304,6 +304,39 @@ def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, count_call
     assert_grads_close(spanned[2], masked[2])
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_pass_without_gradients_never_writes_attention_out_on_the_cpu(tokenizer, monkeypatch, count_calls, shared):
+    """A scoring pass (no gradients) on the CPU takes the masked kernel where a training pass writes
+    attention out, and goes span by span past ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0), which a
+    training pass of these rows would not (``SPAN_ATTENTION_MIN_LENGTH``): every way the same log-probs
+    and values as the training pass. On a GPU the scoring pass keeps the training pass's way."""
+    policy = make_policy(tokenizer)
+    batch = grouped(tokenizer) if shared else episode(tokenizer, response=9)
+    policy.share_prompts = shared
+    trained = loss_and_grads(policy, "helper", batch)
+    cpu = batch[0].device.type == "cpu"
+
+    def scored() -> tuple[torch.Tensor, torch.Tensor]:
+        policy.train()
+        with torch.no_grad():
+            out = policy.forward("helper", *batch, with_values=True)
+        policy.eval()
+        return out
+
+    spans = count_calls(decoder_module, "span_attention")
+    kernel = count_calls(decoder_module.F, "scaled_dot_product_attention")
+    for a, b in zip(scored(), trained[:2]):
+        assert_f32_close(a, b)
+    assert not spans and bool(kernel) == cpu
+    monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH_NO_GRAD", 0)
+    for a, b in zip(scored(), trained[:2]):
+        assert_f32_close(a, b)
+    assert bool(spans) == cpu
+    spans.clear()
+    loss_and_grads(policy, "helper", batch)  # the training pass of the same rows: not span by span
+    assert not spans
+
+
 def test_qwen2_biases_and_grouped_heads(tokenizer):
     from transformers import AutoModelForCausalLM, Qwen2Config
 

@@ -286,7 +286,7 @@ def test_tempered_logprobs_recompute(tokenizer, backend):
 
 
 def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch, count_calls):
-    """Past ``SPAN_ATTENTION_MIN_LENGTH`` (here 0) a CPU prefill of left-padded prompts attends span by
+    """Past ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0) a CPU prefill of left-padded prompts attends span by
     span: the same greedy tokens and log-probs as transformers' ``generate`` (sampled: the same as the
     masked prefill's, to float32 rounding)."""
     from agents import decoder as decoder_module
@@ -301,7 +301,7 @@ def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch
         masked = policy.generate_joint(both, 2, **sampled)
     with with_backend(policy, "generate"):
         theirs = policy.generate_joint(prompts, 2, max_new_tokens=12, greedy=True)
-    monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH", 0)
+    monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH_NO_GRAD", 0)
     calls = count_calls(engine_module, "span_attention")
     with with_backend(policy, "engine"):
         greedy = policy.generate_joint(prompts, 2, max_new_tokens=12, greedy=True)
