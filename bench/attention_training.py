@@ -13,7 +13,8 @@ twice that backward), at this machine's matmul rate in the dtype (a 1024-cube ma
 ``--repeats``). The shapes: the embedded SmolLM2-135M's heads (9 query heads over 3 KV heads of 64),
 rows of IMDB's, a coding pass's and a 2-turn coding pass's lengths, each row's padding drawn (seeded):
 up to an eighth of the row on the left, a quarter on the right. ``fwd`` is a pass without gradients (a
-scoring pass); ``train`` a forward and a backward. Each figure is the median of ``--repeats`` timings.
+scoring pass); ``train`` a forward and a backward. The ways take turns, a round each (the first round a
+warm-up), and each figure is the median of ``--repeats`` rounds.
 ``max_abs_difference``: the largest difference from ``mask`` at the spans' queries.
 
 Then whole passes (``--no-pass`` skips them): the embedded SmolLM2-135M-Instruct with a rank-8 adapter
@@ -22,7 +23,7 @@ and a value head, in the machine's default dtype, scoring and training (forward 
 a coding pair's update, its first and second turns, and shorter rows), the decoder's ways chosen three
 ways in the same run (:data:`CHOICES`): as it chooses them (``now``), as it chose them before scoring
 passes had their own bounds (``before``: span attention past 256 positions, written-out attention up to
-512, gradients or not), and without span attention (``no_spans``).
+512, gradients or not), and without span attention (``no_spans``), taking turns likewise.
 Prints one JSON object on its last line.
 
     python bench/attention_training.py [--threads 1] [--repeats 3] [--no-pass]
@@ -31,11 +32,14 @@ Prints one JSON object on its last line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,8 +85,34 @@ def matmul_tflops(dtype: torch.dtype, repeats: int) -> float:
     return 2 * 1024**3 / (best / 1e3) / 1e12
 
 
-def measure(fn, qkv: tuple[torch.Tensor, ...], grad: torch.Tensor, repeats: int) -> tuple[float, float]:
-    """Median milliseconds of ``fn(q, k, v)`` without gradients, and of it with its backward."""
+def in_turns(timings: dict[str, dict[str, Any]], repeats: int,
+             around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict[str, dict[str, float]]:
+    """Median milliseconds of each call of ``timings`` (way -> {figure: fn}), the ways taking turns a round
+    each, ``repeats`` rounds after one that warms up and is not counted (``around(way)``: a context each
+    way's calls run in). Timed one way after another, the first way measured paid for the process's first
+    passes: 1.6x slower scoring passes at 192 positions than the same way measured later in one run.
+
+    >>> calls = []
+    >>> medians = in_turns({"a": {"x": lambda: calls.append("a")}, "b": {"x": lambda: calls.append("b")}}, 2)
+    >>> calls  # the warm-up round, then the two counted
+    ['a', 'b', 'a', 'b', 'a', 'b']
+    >>> sorted(medians), list(medians["a"])
+    (['a', 'b'], ['x'])
+    """
+    taken: dict[str, dict[str, list[float]]] = {way: {key: [] for key in fns} for way, fns in timings.items()}
+    for round_ in range(repeats + 1):
+        for way, fns in timings.items():
+            with around(way) if around else contextlib.nullcontext():
+                for key, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    if round_:
+                        taken[way][key].append((time.perf_counter() - t0) * 1e3)
+    return {way: {key: statistics.median(values) for key, values in times.items()} for way, times in taken.items()}
+
+
+def fwd_and_train(fn, qkv: tuple[torch.Tensor, ...], grad: torch.Tensor) -> dict[str, Callable[[], None]]:
+    """``fn(q, k, v)`` without gradients (``fwd``), and with its backward (``train``)."""
 
     def forward() -> None:
         with torch.no_grad():
@@ -93,7 +123,7 @@ def measure(fn, qkv: tuple[torch.Tensor, ...], grad: torch.Tensor, repeats: int)
         for x in qkv:
             x.grad = None
 
-    return timed(forward, repeats), timed(train, repeats)
+    return {"fwd": forward, "train": train}
 
 
 def whole_passes(repeats: int) -> list[dict]:
@@ -109,6 +139,19 @@ def whole_passes(repeats: int) -> list[dict]:
     gen = torch.Generator().manual_seed(1)
     return [one_pass(policy, what, rows, prompts, responses, gen, repeats)
             for what, rows, prompts, responses in PASSES]
+
+
+@contextlib.contextmanager
+def bounds_set(module: Any, bounds: dict[str, int]) -> Iterator[None]:
+    """``module``'s constants named in ``bounds`` set to their values, then put back."""
+    kept = {key: getattr(module, key) for key in bounds}
+    for key, value in bounds.items():
+        setattr(module, key, value)
+    try:
+        yield
+    finally:
+        for key, value in kept.items():
+            setattr(module, key, value)
 
 
 def one_pass(policy, what: str, rows: int, prompts: tuple[int, int], responses: tuple[int, int],
@@ -136,15 +179,10 @@ def one_pass(policy, what: str, rows: int, prompts: tuple[int, int], responses: 
     dtype = policy.model.get_base_model().dtype
     out: dict = {"what": what, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
                  "positions": width + length, "tokens": int(prompt_mask.sum() + response_mask.sum())}
-    for name, bounds in CHOICES.items():
-        kept = {key: getattr(decoder_module, key) for key in bounds}
-        for key, value in bounds.items():
-            setattr(decoder_module, key, value)
-        try:
-            out[name] = {"score_ms": round(timed(score, repeats), 1), "train_ms": round(timed(train, repeats), 1)}
-        finally:
-            for key, value in kept.items():
-                setattr(decoder_module, key, value)
+    medians = in_turns({name: {"score_ms": score, "train_ms": train} for name in CHOICES}, repeats,
+                       around=lambda name: bounds_set(decoder_module, CHOICES[name]))
+    for name, times in medians.items():
+        out[name] = {key: round(value, 1) for key, value in times.items()}
     out["speedup"] = {other: {key: round(out[other][key] / out["now"][key], 2) for key in ("score_ms", "train_ms")}
                       for other in CHOICES if other != "now"}
     return out
@@ -202,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
             row = {"what": what, "dtype": str(dtype).removeprefix("torch."), "rows": n, "positions": s,
                    "span_tokens": int(lengths.sum()), "matmul_tflops": round(rate, 3),
                    "limit_ms": {key: round(value, 3) for key, value in limit.items()}}
+            medians = in_turns({name: fwd_and_train(fn, (q, k, v), grad) for name, fn in fns.items()}, args.repeats)
             for name, fn in fns.items():
                 with torch.no_grad():
                     difference = float(((fn(q, k, v).float() * keep) - reference).abs().max())
-                fwd, trained = measure(fn, (q, k, v), grad, args.repeats)
+                fwd, trained = medians[name]["fwd"], medians[name]["train"]
                 row[name] = {"fwd_ms": round(fwd, 2), "train_ms": round(trained, 2),
                              "fwd_fraction_of_limit": round(limit["fwd"] / fwd, 3),
                              "train_fraction_of_limit": round(limit["train"] / trained, 3),
