@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agents.attention import grouped_attention, span_attention
+from agents.attention import grouped_attention, span_attention, transposed_key_attention
 from agents.decoder import (
     SUPPORTED_MODEL_TYPES,
     Attend,
@@ -175,9 +175,13 @@ class RolloutEngine(FusedDecoder):
         # into its own buffers, so for it they need no room for new tokens.
         total = width + max_new_tokens if mode == "dynamic" else width
         shape = (len(pre_ids), self.num_kv_heads, total, self.head_dim)
+        # The dynamic loop on the CPU keeps keys transposed (transposed_key_attention: ~2x faster decode
+        # attention in bfloat16 there); the static step's buffers and other devices keep SDPA's layout.
+        keys_transposed = mode == "dynamic" and device.type == "cpu"
+        key_shape = (*shape[:2], shape[3], shape[2]) if keys_transposed else shape
         layers = self.causal_lm.model.layers
-        pre_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                      for _ in layers]
+        pre_caches = [(torch.zeros(key_shape, dtype=dtype, device=device),
+                       torch.zeros(shape, dtype=dtype, device=device)) for _ in layers]
         # Each block's adapter, stacked per projection in float32; the same stacks serve the sample rows.
         loras = [{k: self._lora(p, pre_blocks, torch.float32) for k, p in w.items()} for w in weights]
         positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
@@ -185,7 +189,7 @@ class RolloutEngine(FusedDecoder):
         prefill_mask = causal_allowed(pre_mask)
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self.decode_layers(
-            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self._spans(pre_mask)),
+            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self._spans(pre_mask), keys_transposed),
             weights, loras, [b.rows for b in pre_blocks],
         )
         last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
@@ -280,7 +284,7 @@ class RolloutEngine(FusedDecoder):
             key_mask[:, width + t] = True
             cos, sin = self.rope(position[:, None], dtype)
             hidden = self.causal_lm.model.embed_tokens(step_ids)
-            attend = _cached(caches, width + t, key_mask[:, None, None, : width + t + 1])
+            attend = _cached(caches, width + t, key_mask[:, None, None, : width + t + 1], None, keys_transposed)
             hidden = self.decode_layers(hidden, cos, sin, attend, weights, loras, block_rows)
             last = self.causal_lm.model.norm(hidden)
         return _finished(out_ids[:, :steps], out_logprobs[:, :steps], eos, pad_token_id, limits)
@@ -359,18 +363,25 @@ def _finished(
 
 
 def _cached(caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor,
-            spans: list[tuple[int, int]] | None = None) -> Attend:
+            spans: list[tuple[int, int]] | None = None, keys_transposed: bool = False) -> Attend:
     """Attention that writes each layer's new keys and values at cache columns ``start ..`` and attends
-    over the cache up to them. ``spans`` (a prefill, ``start`` 0: :meth:`FusedDecoder._spans` of its
-    rows): span by span, without the mask (the pad queries' results, never read, are zeros)."""
+    over the cache up to them. A prefill (``start`` 0) attends over its own new keys and values, with
+    ``spans`` (:meth:`FusedDecoder._spans` of its rows) span by span, without the mask (the pad queries'
+    results, never read, are zeros). ``keys_transposed``: the key caches are (N, KV, D, L) and a decode
+    step attends through :func:`agents.attention.transposed_key_attention` (the dynamic loop on the CPU)."""
 
     def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = caches[index]
         end = start + q.shape[2]
-        k_cache[:, :, start:end] = k
+        if keys_transposed:
+            k_cache[:, :, :, start:end] = k.transpose(-1, -2)
+        else:
+            k_cache[:, :, start:end] = k
         v_cache[:, :, start:end] = v
-        if spans is not None and start == 0:
-            return span_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], spans)
+        if start == 0:
+            return span_attention(q, k, v, spans) if spans is not None else grouped_attention(q, k, v, mask)
+        if keys_transposed:
+            return transposed_key_attention(q, k_cache[:, :, :, :end], v_cache[:, :, :end], mask)
         return grouped_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask)
 
     return attend

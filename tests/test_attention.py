@@ -87,3 +87,38 @@ def test_row_spans_refuse_rows_with_holes() -> None:
 
     assert row_spans(torch.tensor([[0, 1, 1], [1, 1, 0]])) == [(1, 3), (0, 2)]
     assert row_spans(torch.tensor([[1, 1, 1], [1, 0, 1]])) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (4, 1), (6, 6)])
+def test_a_decode_step_over_transposed_keys_equals_enable_gqa(dtype, heads, kv_heads) -> None:
+    """The engine's CPU decode step: keys kept transposed in a cache wider than the keys so far (its first
+    columns a strided view), values likewise; the same attention as ``enable_gqa`` over the same keys."""
+    from agents.attention import transposed_key_attention
+
+    torch.manual_seed(0)
+    n, length, total, dim = 5, 37, 50, 16
+    q = torch.randn(n, 1, heads, dim, dtype=dtype).transpose(1, 2)
+    k_cache = torch.randn(n, kv_heads, dim, total, dtype=dtype)
+    v_cache = torch.randn(n, kv_heads, total, dim, dtype=dtype)
+    k_t, v = k_cache[:, :, :, :length], v_cache[:, :, :length]
+    mask = torch.rand(n, 1, 1, length) > 0.3
+    mask[:, :, :, -1] = True
+    got = transposed_key_attention(q, k_t, v, mask)
+    assert got.shape == (n, heads, 1, dim) and got.dtype == dtype
+    exact = F.scaled_dot_product_attention(q.double(), k_t.transpose(-1, -2).double(), v.double(), attn_mask=mask,
+                                           enable_gqa=heads != kv_heads)
+    sdpa = F.scaled_dot_product_attention(q, k_t.transpose(-1, -2), v, attn_mask=mask, enable_gqa=heads != kv_heads)
+    error, sdpa_error = (got.double() - exact).abs().max(), (sdpa.double() - exact).abs().max()
+    # float32: a few ulps of 1e-7, as the folded SDPA. bfloat16: the scores are rounded to bfloat16 before the
+    # softmax (as transformers' eager attention does), 2^-9 of |q.k|/sqrt(d) <= ~4 here, so each weight moves
+    # by <= ~1.6% and the output (|v| <= ~4) by <= ~0.06 in the worst case; then the weights' and the
+    # output's own rounding, 2^-9 each.
+    assert error <= (1e-6 if dtype == torch.float32 else 6e-2), (float(error), float(sdpa_error))
+
+
+def test_transposed_key_attention_takes_one_query_a_row() -> None:
+    from agents.attention import transposed_key_attention
+
+    with pytest.raises(ValueError, match="one query per row"):
+        transposed_key_attention(torch.randn(1, 4, 2, 8), torch.randn(1, 2, 8, 3), torch.randn(1, 2, 3, 8))

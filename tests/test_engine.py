@@ -285,6 +285,30 @@ def test_tempered_logprobs_recompute(tokenizer, backend):
         policy.logprobs("helper", gen.prompt_ids, gen.prompt_mask, gen.response_ids, gen.response_mask, temperature=0)
 
 
+def test_the_dynamic_loop_on_the_cpu_keeps_keys_transposed(tokenizer, monkeypatch, count_calls):
+    """On the CPU the dynamic loop's decode steps attend over transposed keys (one call a layer and step
+    after the first token); the static step keeps SDPA's layout. Both give transformers' greedy tokens."""
+    from agents import engine as engine_module
+
+    policy = make_policy(tokenizer)
+    ids, mask = batch(tokenizer, 3)
+    prompts = {a: (ids, mask) for a in AGENTS}
+    with with_backend(policy, "generate"):
+        theirs = policy.generate_joint(prompts, 2, max_new_tokens=6, greedy=True)
+    calls = count_calls(engine_module, "transposed_key_attention")
+    for mode in ("dynamic", "static"):
+        calls.clear()
+        monkeypatch.setattr(policy.engine, "decode", mode)
+        ours = policy.generate_joint(prompts, 2, max_new_tokens=6, greedy=True)
+        steps = ours[AGENTS[0]].response_ids.shape[1]
+        cpu = ids.device.type == "cpu"
+        layers = len(policy.engine.causal_lm.model.layers)
+        assert len(calls) == (layers * (steps - 1) if mode == "dynamic" and cpu else 0), mode
+        for agent in AGENTS:
+            assert torch.equal(ours[agent].response_ids, theirs[agent].response_ids), (mode, agent)
+            torch.testing.assert_close(ours[agent].logprobs, theirs[agent].logprobs, atol=1e-5, rtol=0)
+
+
 def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch, count_calls):
     """Past ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0) a CPU prefill of left-padded prompts attends span by
     span: the same greedy tokens and log-probs as transformers' ``generate`` (sampled: the same as the
