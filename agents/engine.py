@@ -76,6 +76,9 @@ class RolloutEngine(FusedDecoder):
     compile_step: bool = os.environ.get("LLM_ENVS_COMPILE_DECODE", "") == "1"
     """Compile the static step with ``torch.compile`` (inductor) before capturing it: fewer, fused kernels
     a step, for a compile of tens of seconds at a shape's first call (``LLM_ENVS_COMPILE_DECODE=1``)."""
+    transposed_keys: bool = True
+    """The dynamic loop on the CPU keeps its key cache transposed and writes a decode step's attention out
+    (:func:`agents.attention.transposed_key_attention`); False: the folded SDPA over SDPA's layout."""
     last_fallback: str | None = None
     """Why the last call with ``decode`` other than ``"dynamic"`` decoded in the dynamic loop, or ``None``."""
 
@@ -177,7 +180,7 @@ class RolloutEngine(FusedDecoder):
         shape = (len(pre_ids), self.num_kv_heads, total, self.head_dim)
         # The dynamic loop on the CPU keeps keys transposed (transposed_key_attention: ~2x faster decode
         # attention in bfloat16 there); the static step's buffers and other devices keep SDPA's layout.
-        keys_transposed = mode == "dynamic" and device.type == "cpu"
+        keys_transposed = self.transposed_keys and mode == "dynamic" and device.type == "cpu"
         key_shape = (*shape[:2], shape[3], shape[2]) if keys_transposed else shape
         layers = self.causal_lm.model.layers
         pre_caches = [(torch.zeros(key_shape, dtype=dtype, device=device),

@@ -10,9 +10,11 @@ A decode row times a whole step: one call a layer over each of the model's 30 la
 in the processor's caches, as in the engine), each cache wider than the keys so far (the engine's
 caches have room for the response: their first columns are a strided view). The ways take turns a
 round each after a warm-up round; each figure is the median of ``--repeats`` rounds, a call's share of
-a step (a training row: of ``--calls`` calls). Prints one JSON object on its last line.
+a step (a training row: of ``--calls`` calls). Then (``--no-generate`` skips it) the engine's whole
+``generate_joint`` of coding prompts with its keys transposed and not (:func:`generate_rows`). Prints one
+JSON object on its last line.
 
-    python bench/attention.py [--threads 1] [--repeats 5]
+    python bench/attention.py [--threads 1] [--repeats 5] [--no-generate]
 """
 
 from __future__ import annotations
@@ -109,11 +111,57 @@ def training_row(dtype: torch.dtype, n: int, length: int, gbps: float, calls: in
             "grouped_fraction_of_limit": round(limit / ours, 3), "max_abs_difference": float(difference.abs().max())}
 
 
+def generate_rows(repeats: int, max_new_tokens: int) -> list[dict]:
+    """The engine's whole ``generate_joint`` on the embedded model in the machine's default dtype, its
+    keys transposed (``RolloutEngine.transposed_keys``, the default on the CPU) and not, in turns: 4
+    prompts x 4 samples of ``coding/humaneval-v0`` (the main role's first prompts, ~330 tokens) and of
+    2-turn length (the same prompts twice over), ``max_new_tokens`` each, temperature 0.7, seeded: both
+    ways sample from the same numbers. CPU seconds (the process's own time), the median of ``repeats``."""
+    import llm_envs
+    from agents import LoraSettings, MultiAgentPolicy
+    from agents.models import resolve_dtype
+    from agents.rows import left_padded
+
+    dtype = resolve_dtype(None, torch.device("cpu"))
+    policy = MultiAgentPolicy.from_pretrained(["coder"], None, dtype=dtype, device="cpu",
+                                              lora=LoraSettings(rank=8, alpha=16.0))
+    env = llm_envs.make("coding/humaneval-v0")
+    firsts = [env.reset(seed=i, options={"task_index": i})[0]["main"] for i in range(4)]
+    texts = [torch.as_tensor(o["observation"])[torch.as_tensor(o["attention_mask"]).bool()] for o in firsts]
+    pad = policy.tokenizer.pad_token_id
+    engine = policy.engine
+    rows = []
+    for what, prompt_rows in (("coding", texts), ("coding-2turn", [torch.cat([t, t]) for t in texts])):
+        prompts = {"coder": left_padded(prompt_rows, pad)}
+        produced: dict[str, int] = {}
+        seconds: dict[str, list[float]] = {"transposed": [], "grouped": []}
+        for round_ in range(repeats + 1):
+            for way in seconds:
+                engine.transposed_keys = way == "transposed"
+                c0 = time.process_time()
+                out = policy.generate_joint(prompts, 4, max_new_tokens=max_new_tokens, temperature=0.7,
+                                            seeds=list(range(4)))["coder"]
+                if round_:
+                    seconds[way].append(time.process_time() - c0)
+                produced[way] = int(out.response_mask.sum())
+        engine.transposed_keys = True
+        medians = {way: statistics.median(values) for way, values in seconds.items()}
+        rows.append({"pass": "generate", "what": what, "dtype": str(dtype).removeprefix("torch."), "rows": 16,
+                     "prompt_tokens": int(prompts["coder"][1].sum(1).max()), "max_new_tokens": max_new_tokens,
+                     "tokens": produced, **{f"{way}_cpu_s": round(v, 2) for way, v in medians.items()},
+                     "transposed_over_grouped": round(medians["grouped"] / medians["transposed"], 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2, help="calls a timing of the training row")
+    parser.add_argument("--generate", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the engine's whole generate with its keys transposed and not")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens a row in the generate rows")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -124,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(decode_row(dtype, n, length, gbps, args.repeats) if q_len == 1
                         else training_row(dtype, n, length, gbps, args.calls, args.repeats))
             print(json.dumps(rows[-1]), flush=True)
+    if args.generate:
+        rows += generate_rows(args.repeats, args.max_new_tokens)
     machine = machine_description("auto")
     machine["threads"] = args.threads
     print(json.dumps({"bench": "attention", "copy_gbps": round(gbps, 1), "rows": rows, "machine": machine}))

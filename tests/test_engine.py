@@ -307,6 +307,11 @@ def test_the_dynamic_loop_on_the_cpu_keeps_keys_transposed(tokenizer, monkeypatc
         for agent in AGENTS:
             assert torch.equal(ours[agent].response_ids, theirs[agent].response_ids), (mode, agent)
             torch.testing.assert_close(ours[agent].logprobs, theirs[agent].logprobs, atol=1e-5, rtol=0)
+    calls.clear()
+    monkeypatch.setattr(policy.engine, "decode", "dynamic")
+    monkeypatch.setattr(policy.engine, "transposed_keys", False)  # SDPA's layout, the folded kernel
+    ours = policy.generate_joint(prompts, 2, max_new_tokens=6, greedy=True)
+    assert not calls and torch.equal(ours[AGENTS[0]].response_ids, theirs[AGENTS[0]].response_ids)
 
 
 def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch, count_calls):
