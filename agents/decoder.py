@@ -53,21 +53,28 @@ ones use ``scaled_dot_product_attention`` (memory linear in the length)."""
 MATH_ATTENTION_MAX_LENGTH_NO_GRAD = 0
 """The same bound for a CPU pass without gradients (scoring, a reference's log-probs, values): none
 writes attention out. The written-out attention is there for its cheap backward; its forward is the
-slowest of the three ways at every length ``bench/attention_training.py`` measured."""
+slowest of the three ways at every length ``bench/attention_training.py`` measured (64-1024 positions,
+bfloat16 and float32, on AVX-512 and on AVX2 kernels: ``bench/measured/attention_training*.json``), by
+12-21x the masked kernel in bfloat16 on AVX2 kernels, where its products are emulated."""
 
 SPAN_ATTENTION_MIN_LENGTH = 256
 """Rows longer than this whose tokens are one span each (a left-padded prompt, then a right-padded
 response) attend span by span on the CPU in a pass with gradients (:func:`agents.attention.span_attention`:
 plain causal attention, no mask, the padding skipped). ``bench/attention_training.py`` (what it measured
-on an AMD EPYC Zen 5 is in ``bench/measured/attention_training.json``): at 256 positions and more, faster
-forward and backward than both the masked kernel and the written-out attention, bfloat16 and float32;
-below it the written-out attention's backward is the cheapest. On a GPU the rows keep one launch each way
-(per-row calls would add launches to a launch-bound step)."""
+on an AMD EPYC Zen 5 is in ``bench/measured/attention_training.json``): forward and backward, from 512
+positions on faster than both the masked kernel and the written-out attention in bfloat16 and float32
+(training 1.18-2.07x, forward 1.39-2.13x the better of the two); at 256 faster than the written-out
+attention (training 1.18x bfloat16, 2.5x float32) and even with the masked kernel (0.96-1.13x); below
+it the written-out attention's backward is the cheapest in bfloat16. On a GPU the rows keep one launch
+each way (per-row calls would add launches to a launch-bound step)."""
 
 SPAN_ATTENTION_MIN_LENGTH_NO_GRAD = 64
 """The same bound for a pass without gradients (scoring, a reference's log-probs, values, the rollout
-engine's prefill): there only the forward counts, and span by span is the fastest of the three ways from
-about 96 positions on (at 64 the masked kernel, by a few percent)."""
+engine's prefill): there only the forward counts. Span by span against the masked kernel, forward
+(``bench/measured/attention_training.json``): in bfloat16 even at 96 positions and faster from 128 on
+(1.17x at 128, 1.31x at 256, 1.39-1.72x at 512-1024); in float32 faster at 128 and from 256 on, slower
+at 96 and 192 (the masked kernel 1.14x and 1.43x), so the bound follows the default dtype of CPUs with
+bf16 instructions. At 64 the masked kernel is faster by 8-22%."""
 
 
 def decoder_support(model: Any) -> str | None:

@@ -314,6 +314,21 @@ def test_the_dynamic_loop_on_the_cpu_keeps_keys_transposed(tokenizer, monkeypatc
     assert not calls and torch.equal(ours[AGENTS[0]].response_ids, theirs[AGENTS[0]].response_ids)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_keeps_keys_transposed_only_on_bf16_instructions(tokenizer, monkeypatch, count_calls, native):
+    """Emulated (AVX2 kernels), bfloat16 products of the written-out decode step cost 3-4.3x the folded SDPA
+    (bench/measured/attention_avx2.json): there the dynamic loop keeps SDPA's layout."""
+    from agents import engine as engine_module
+
+    policy = make_policy(tokenizer, dtype=torch.bfloat16)
+    monkeypatch.setattr(engine_module, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(policy.engine, "decode", "dynamic")
+    calls = count_calls(engine_module, "transposed_key_attention")
+    ids, mask = batch(tokenizer, 3)
+    out = policy.generate_joint({a: (ids, mask) for a in AGENTS}, 2, max_new_tokens=4, greedy=True)
+    assert bool(calls) == native and out[AGENTS[0]].response_ids.shape[0] == 6
+
+
 def test_a_prefill_of_one_span_a_row_attends_span_by_span(tokenizer, monkeypatch, count_calls):
     """Past ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0) a CPU prefill of left-padded prompts attends span by
     span: the same greedy tokens and log-probs as transformers' ``generate`` (sampled: the same as the
