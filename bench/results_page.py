@@ -82,12 +82,15 @@ def last_finite(values: Sequence[float]) -> float:
 
 
 def fmt(mean: float, std: float, n: int, nonfinite: int = 0, digits: int = 3) -> str:
-    """``mean ± std (n=N)``; values that were not finite are counted beside n with a mark.
+    """``mean ± std (n=N)``; one value has no spread to show (``value (n=1)``); values that were not
+    finite are counted beside n with a mark.
 
     >>> fmt(2.0, 0.5, 2, 1)
     '2.000 ± 0.500 (n=2, ⚠ 1 non-finite)'
+    >>> fmt(1.5, 0.0, 1)
+    '1.500 (n=1)'
     """
-    shown = "—" if n == 0 else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    shown = "—" if n == 0 else f"{mean:.{digits}f}" if n == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"
     if nonfinite:
         return f"{shown} (n={n}, ⚠ {nonfinite} non-finite)"
     return shown if n == 0 else f"{shown} (n={n})"

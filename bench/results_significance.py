@@ -85,14 +85,27 @@ def significance_table(records: Sequence[Record], comparisons: Sequence[Comparis
 def direction(t: "Tested", level: float = 0.05) -> str:
     """Whether the paper's direction (A above B) holds on a tested comparison: it holds (above, and
     significant after Holm's correction by either test), holds in direction only, does not hold (A not
-    above B), or is not measurable (no shared seed, or every value the same on both sides)."""
+    above B), or is not measurable (a side with no record or one seed, or every value the same on both
+    sides).
+
+    >>> from results_stats import paired_t, welch_t
+    >>> one = Tested("x", "a", "b", {0: 2.0}, {0: 1.0, 1: 1.5}, paired_t([2.0], [1.0]), welch_t([2.0], [1.0, 1.5]),
+    ...              math.nan, math.nan)
+    >>> direction(one)
+    'not measurable yet (1 + 2 seeds: a test needs two a side)'
+    """
     a, b = list(t.values_a.values()), list(t.values_b.values())
     if not (a and b):
         return "not measurable yet (no record on one side)"
     if len({*a, *b}) == 1:
         return f"not measurable at this size (every value is {v3(a[0])} on both sides)"
+    untested = math.isnan(t.paired_holm) and math.isnan(t.welch_holm)
+    if untested and min(len(a), len(b)) < 2:
+        return f"not measurable yet ({len(a)} + {len(b)} seeds: a test needs two a side)"
     if _mean(a) <= _mean(b):
         return "does not hold"
+    if untested:
+        return "holds in direction only (untested: no spread within the sides)"
     if min(t.paired_holm, t.welch_holm) < level:
         return f"holds (significant at {level:g} after Holm's correction)"
     return f"holds in direction only (not significant at {level:g} after Holm's correction)"
