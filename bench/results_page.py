@@ -6,6 +6,7 @@ generated sections."""
 import json
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -196,8 +197,12 @@ def plot_magrpo(records: list[dict[str, Any]], summary: dict[str, Any], path: Pa
                 continue
             mean, std, n, _ = summary[name][key].get(shown, mean_std([]))
             if n:
-                axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std, color=colors[name], alpha=shade, capsize=3)
-    axes[1].set_xticks(range(len(names)), [summary[n]["label"].replace(", ", "\n") for n in names], fontsize=7)
+                axes[1].bar(i + (j - 0.5) * 0.38, mean, 0.36, yerr=std if n > 1 else None, color=colors[name],
+                            alpha=shade, capsize=3)  # one seed: no spread to draw
+    # Labels wrapped to their slot (~480 px of axis, ~5.5 px a character at this size): whole long labels
+    # ran into their neighbours.
+    width = max(8, int(480 / max(len(names), 1) / 5.5))
+    axes[1].set_xticks(range(len(names)), [textwrap.fill(summary[n]["label"], width) for n in names], fontsize=7)
     axes[1].set_title(f"eval {'fraction of the test assertions passed' if shown == 'tests' else 'joint reward'} "
                       "before (faint) / after training, mean ± std", fontsize=9)
     for ax in axes:
