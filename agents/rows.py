@@ -110,12 +110,15 @@ def left_pad(rows: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.cat([rows.new_full((len(rows), width - rows.shape[1]), value), rows], dim=1)
 
 
-def left_padded(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """1-D rows of ids as (N, L) long ids and mask on the CPU, left-padded with ``pad_id`` to the longest.
+def left_padded(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D rows of ids (tensors or lists) as (N, L) long ids and mask on the CPU, left-padded with
+    ``pad_id`` to the longest.
 
-    >>> [t.tolist() for t in left_padded([torch.tensor([5, 6]), torch.tensor([7])], 0)]
+    >>> [t.tolist() for t in left_padded([torch.tensor([5, 6]), [7]], 0)]
     [[[5, 6], [0, 7]], [[1, 1], [0, 1]]]
     """
+    if not rows:
+        return torch.zeros((0, 0), dtype=torch.long), torch.zeros((0, 0), dtype=torch.long)
     width = max(len(r) for r in rows)
     ids = torch.cat([left_pad(torch.as_tensor(r).to("cpu", torch.long)[None], width, pad_id) for r in rows])
     mask = torch.cat([left_pad(torch.ones(1, len(r), dtype=torch.long), width, 0) for r in rows])

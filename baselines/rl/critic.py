@@ -149,7 +149,7 @@ class CriticReader:
         when the critic's tokenizer reads some of the text as its unknown token."""
         start = time.perf_counter()
         rows = self.encoded(agent, self.text(agent, ids, mask))
-        out, keep = left_padded([torch.tensor(r, dtype=torch.long) for r in rows], self.pad_id)
+        out, keep = left_padded(rows, self.pad_id)
         self.seconds += time.perf_counter() - start
         return out, keep
 
