@@ -376,9 +376,10 @@ def short_commit(commit: str | None) -> str:
 MARKER = "<!-- results:{name}:{end} (written by `python bench/results.py render`; edits in between are lost) -->"
 
 
-def replace_section(text: str, name: str, body: str) -> str:
-    """Put ``body`` between the ``name`` markers of ``text`` (the markers must be there)."""
-    begin, end = MARKER.format(name=name, end="begin"), MARKER.format(name=name, end="end")
+def replace_section(text: str, name: str, body: str, marker: str = MARKER) -> str:
+    """Put ``body`` between the ``name`` markers of ``text`` (``marker`` formatted with ``name`` and ``end``;
+    the markers must be there)."""
+    begin, end = marker.format(name=name, end="begin"), marker.format(name=name, end="end")
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.DOTALL)
     if not pattern.search(text):
         raise ValueError(f"the page has no {name!r} section: add the two marker lines {begin!r} and {end!r}")

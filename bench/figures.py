@@ -1,0 +1,232 @@
+"""The docs' measured figures, rendered from the bench JSONs kept in ``bench/measured/``: a figure in the docs
+is what a bench printed, not a number typed from its log.
+
+Each entry of :data:`FIGURES` names a doc, the JSONs it reads and a function that writes its markdown; the
+doc holds the entry's two marker lines (:data:`MARKER`) and the text between them is replaced.
+``--check`` writes nothing and fails when a doc is not what its JSONs make (tests/test_figures.py does the
+same). To add a measurement: run the bench with nothing else running, save its last stdout line under
+``bench/measured/`` with a ``measured`` entry (``when``, ``load``, ``commit``), render.
+
+    python bench/figures.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from results_page import replace_section
+
+ROOT = Path(__file__).resolve().parents[1]
+MEASURED = ROOT / "bench" / "measured"
+MARKER = ("<!-- figures:{name}:{end} (written by `python bench/figures.py` from bench/measured/; "
+          "edits in between are lost) -->")
+DTYPES = {"bfloat16": "bf16", "float32": "f32"}
+
+
+def machine(record: dict[str, Any]) -> str:
+    """Where and when a bench JSON was measured, in one phrase: the CPU, its ISA flags, the kernel set (and
+    any restriction of it), torch's threads, and the ``measured`` entry kept with it.
+
+    >>> machine({"machine": {"cpu": "AMD EPYC", "isa": ["avx2", "avx512_bf16"], "kernels": "AVX2",
+    ...          "restriction": {"ATEN_CPU_CAPABILITY": "avx2"}, "threads": 1},
+    ...          "measured": {"when": "2026-11-28", "load": "nothing else running", "commit": "63a167f"}})
+    'AMD EPYC (avx2 avx512_bf16), 1 thread, AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); 2026-11-28 at 63a167f, \
+nothing else running'
+    """
+    m, when = record["machine"], record.get("measured", {})
+    threads = f"{m['threads']} thread" + ("s" if m["threads"] != 1 else "")
+    stamp = ", ".join(part for part in (" at ".join(p for p in (when.get("when"), when.get("commit")) if p),
+                                        when.get("load")) if part)
+    return f"{m['cpu']} ({' '.join(m['isa'])}), {threads}, {kernels(record)}" + (f"; {stamp}" if stamp else "")
+
+
+def kernels(record: dict[str, Any]) -> str:
+    """ATen's kernel set and how it was restricted: ``AVX512 kernels``, ``AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)``."""
+    m = record["machine"]
+    restriction = ", ".join(f"{k}={v}" for k, v in (m.get("restriction") or {}).items())
+    return f"{m['kernels']} kernels" + (f" ({restriction})" if restriction else "")
+
+
+def sources(measured: dict[str, dict[str, Any]], names: tuple[str, ...]) -> str:
+    """Where each of ``names`` was measured; a JSON measured like the first but for its kernels says only that.
+
+    >>> one = {"machine": {"cpu": "X", "isa": ["avx2"], "kernels": "AVX512", "threads": 1}, "measured": {"when": "now"}}
+    >>> two = {**one, "machine": {**one["machine"], "kernels": "AVX2", "restriction": {"ATEN_CPU_CAPABILITY": "avx2"}}}
+    >>> sources({"a": one, "b": two}, ("a", "b"))
+    '`bench/measured/a.json`: X (avx2), 1 thread, AVX512 kernels; now; `bench/measured/b.json`: the same with AVX2 \
+kernels (ATEN_CPU_CAPABILITY=avx2)'
+    """
+    first = measured[names[0]]
+    texts = [f"`bench/measured/{names[0]}.json`: {machine(first)}"]
+    for name in names[1:]:
+        record = measured[name]
+        alike = all(record["machine"].get(k) == first["machine"].get(k) for k in ("cpu", "isa", "threads"))
+        same = alike and record.get("measured") == first.get("measured")
+        where = f"the same with {kernels(record)}" if same else machine(record)
+        texts.append(f"`bench/measured/{name}.json`: {where}")
+    return "; ".join(texts)
+
+
+def span(values: list[float], digits: int = 2, suffix: str = "x") -> str:
+    """``1.35-1.87x`` (one value: ``1.35x``).
+
+    >>> span([1.87, 1.35, 1.58]), span([1.2, 1.2]), span([0.1, 0.25], 2, "")
+    ('1.35-1.87x', '1.20x', '0.10-0.25')
+    """
+    low, high = min(values), max(values)
+    if round(low, digits) == round(high, digits):
+        return f"{low:.{digits}f}{suffix}"
+    return f"{low:.{digits}f}-{high:.{digits}f}{suffix}"
+
+
+def generate(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/generate.py``: the rollout paths' tokens a second and ms a decode step, the bare loop (the
+    limit) and the ratios."""
+    g = measured["generate"]
+    s = g["sampling"]
+    paths = (
+        ("plain float32 `model.generate`, once per agent (what a two-model MAGRPO pays)", g["baseline"]),
+        ("the policy through `generate` (`backend=\"generate\"`, float32, one call per agent)", g["generate_backend"]),
+        ("the engine, float32 base", g["ours_fp32"]),
+        ("the engine, bfloat16 base", g["ours_bf16"]),
+        (f"**the engine with the defaults** ({g['ours']['dtype']})", g["ours"]),
+    )
+    lines = [
+        f"Measured: {machine(g)} (`bench/measured/generate.json`). {g['model']}; {g['agents']} agents x "
+        f"{g['prompts']} chat prompts ({g['prompt_tokens']} tokens) x {g['samples']} samples ({g['rows']} rows) x "
+        f"{g['max_new_tokens']} new tokens, temperature {s['temperature']} / top-p {s['top_p']} / top-k {s['top_k']}; "
+        "tokens a second best of the runs (their median beside it).",
+        "",
+        "| path | tokens/s (median) | ms a decode step |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {p['tokens_per_s']:.1f} ({p['median_tokens_per_s']:.1f}) | {p['ms_per_step']:.1f} |"
+              for name, p in paths]
+    bare = g["bare_loop_ms_per_step"]
+    lines += [f"| bare decode loop, {dtype} base, {g['rows']} rows, no adapters, arg-max | | {bare[dtype]:.1f} |"
+              for dtype in bare]
+    lines += ["", f"The engine with the defaults: **{g['ratio']:.2f}x the tokens a second** of plain `generate` run "
+                  f"per agent ({g['ratio_median']:.2f}x by the medians), {g['ratio_vs_generate_backend']:.2f}x the "
+                  f"policy through `generate`; its decode step is **{g['fraction_of_limit']:.2f} of the limit** "
+                  f"(the bare loop in {g['limit_dtype']}, {g['limit_ms_per_step']:.1f} ms)."]
+    return "\n".join(lines)
+
+
+def decode_attention(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/attention.py``: a decode step's attention over 30 layers' caches, SDPA with ``enable_gqa``,
+    the folded SDPA (``grouped``) and the transposed keys, per dtype and kernel set; the engine's whole
+    ``generate_joint`` with and without transposed keys."""
+    lines = ["| kernels | dtype | rows x cached keys | `enable_gqa` | folded SDPA | transposed keys | "
+             "transposed / folded | of the limit (folded, transposed) |", "|---|---|---|---|---|---|---|---|"]
+    wholes = []
+    for name in ("attention", "attention_avx2"):
+        record = measured[name]
+        for r in record["rows"]:
+            if r["pass"] == "decode":
+                lines.append(
+                    f"| {record['machine']['kernels']} | {DTYPES[r['dtype']]} | {r['rows']} x {r['keys']} | "
+                    f"{r['enable_gqa_ms']:.3f} ms | {r['grouped_ms']:.3f} ms | {r['transposed_ms']:.3f} ms | "
+                    f"{r['transposed_over_grouped']:.2f}x | {r['grouped_fraction_of_limit']:.2f}, "
+                    f"{r['transposed_fraction_of_limit']:.2f} |")
+            elif r["pass"] == "generate":
+                wholes.append(
+                    f"{r['what']} prompts ({r['rows']} rows of {r['prompt_tokens']} tokens, up to "
+                    f"{r['max_new_tokens']} new, {DTYPES[r['dtype']]}, {kernels(record)}): {r['grouped_cpu_s']:.2f} -> "
+                    f"{r['transposed_cpu_s']:.2f} CPU-s, **{r['transposed_over_grouped']:.2f}x** (they sampled "
+                    f"{r['tokens']['grouped']} and {r['tokens']['transposed']} tokens)")
+    text = ("A decode step's attention, one query a row over each of 30 layers' own cache (cold in the processor's "
+            "caches, the ways taking turns); the limit is the cache's bytes read once at the machine's copy rate. "
+            + sources(measured, ("attention", "attention_avx2")) + ".\n\n" + "\n".join(lines))
+    if wholes:
+        text += ("\n\nThe engine's whole `generate_joint`, folded SDPA -> transposed keys: " + "; ".join(wholes)
+                 + ". Seeded rows draw the same random numbers both ways; the scores' rounding differs, so the "
+                 "samples and their lengths may too.")
+    return text
+
+
+def training_attention(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/attention_training.py``: the three ways of a scoring or training pass's attention per
+    shape, dtype and kernel set, and the embedded model's whole passes under the decoder's bounds."""
+    ways = ("mask", "written", "spans")
+    lines = ["| kernels | dtype | rows x positions | masked SDPA (fwd / train) | written out | span calls | "
+             "best (fwd, train) |", "|---|---|---|---|---|---|---|"]
+    passes = []
+    for name in ("attention_training", "attention_training_avx2"):
+        record = measured[name]
+        kind = record["machine"]["kernels"]
+        for r in record["rows"]:
+            best = [min(ways, key=lambda w, part=part: r[w][f"{part}_ms"]) for part in ("fwd", "train")]
+            lines.append(f"| {kind} | {DTYPES[r['dtype']]} | {r['rows']} x {r['positions']} | "
+                         + " | ".join(f"{r[w]['fwd_ms']:.1f} / {r[w]['train_ms']:.1f} ms" for w in ways)
+                         + f" | {best[0]}, {best[1]} |")
+        for p in record.get("passes", []):
+            passes.append(
+                f"| {kind} | {DTYPES[p['dtype']]} | {p['what']}: {p['rows']} x {p['positions']} | "
+                + " | ".join(f"{p[c]['score_ms']:.0f} / {p[c]['train_ms']:.0f} ms"
+                             for c in ("now", "before", "no_spans"))
+                + f" | {p['speedup']['no_spans']['score_ms']:.2f}x / {p['speedup']['no_spans']['train_ms']:.2f}x |")
+    text = ("The attention alone, ms a call (fwd: no gradients; train: forward and backward), medians of rounds "
+            "in which the ways take turns; " + sources(measured, ("attention_training", "attention_training_avx2"))
+            + ".\n\n" + "\n".join(lines))
+    if passes:
+        text += ("\n\nWhole passes of the embedded model (a rank-8 adapter and a value head; score / train, ms): "
+                 "the decoder's bounds now, before scoring passes had their own, and without span attention.\n\n"
+                 "| kernels | dtype | rows x positions | now | before | no span attention | now against none |\n"
+                 "|---|---|---|---|---|---|---|\n" + "\n".join(passes))
+    return text
+
+
+FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any]]], str]]] = {
+    "generate": ("docs/agents.md", ("generate",), generate),
+    "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
+    "training-attention": ("docs/agents.md", ("attention_training", "attention_training_avx2"), training_attention),
+}
+"""name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
+
+
+def rendered(root: Path = ROOT) -> dict[str, str]:
+    """Every doc that holds figures, as :func:`render` would write it (path relative to ``root`` -> text)."""
+    docs: dict[str, str] = {}
+    for name, (doc, names, write) in FIGURES.items():
+        text = docs.get(doc)
+        if text is None:
+            text = (root / doc).read_text(encoding="utf-8")
+        measured = {}
+        for source in names:
+            path = root / "bench" / "measured" / f"{source}.json"
+            try:
+                measured[source] = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as error:
+                raise SystemExit(f"figure {name!r} reads {path}: {error}") from error
+        docs[doc] = replace_section(text, name, write(measured), MARKER)
+    return docs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; fail when a doc is stale")
+    args = parser.parse_args(argv)
+    stale = []
+    for doc, text in rendered().items():
+        path = ROOT / doc
+        if path.read_text(encoding="utf-8") != text:
+            stale.append(doc)
+            if not args.check:
+                path.write_text(text, encoding="utf-8")
+    if args.check and stale:
+        print(f"stale figures in {', '.join(stale)}: run `python bench/figures.py`", file=sys.stderr)
+        return 1
+    print(json.dumps({"figures": list(FIGURES), "written": [] if args.check else stale,
+                      "stale": stale if args.check else []}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

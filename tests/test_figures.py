@@ -1,0 +1,93 @@
+"""bench/figures.py: the docs' measured figures are what the bench JSONs kept in bench/measured/ make of them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def figures():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        yield importlib.import_module("figures")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_the_docs_are_what_the_measured_jsons_make(figures) -> None:
+    """A bench JSON added or changed, or a figure's text changed in code, without a render fails here."""
+    for doc, text in figures.rendered().items():
+        assert (ROOT / doc).read_text(encoding="utf-8") == text, f"{doc} is stale: run `python bench/figures.py`"
+
+
+def test_every_figure_has_its_markers_and_sources(figures) -> None:
+    for name, (doc, sources, _) in figures.FIGURES.items():
+        text = (ROOT / doc).read_text(encoding="utf-8")
+        for end in ("begin", "end"):
+            assert text.count(figures.MARKER.format(name=name, end=end)) == 1, (name, end)
+        for source in sources:
+            record = json.loads((figures.MEASURED / f"{source}.json").read_text(encoding="utf-8"))
+            # Every kept measurement says where and when it was taken: the CPU, its ISA, threads, dtype, commit.
+            assert {"cpu", "isa", "kernels", "threads", "dtype"} <= record["machine"].keys(), source
+            assert {"when", "load", "commit"} <= record["measured"].keys(), source
+
+
+def copy_tree(tmp_path: Path, figures) -> Path:
+    for doc in {doc for doc, _, _ in figures.FIGURES.values()}:
+        (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / doc, tmp_path / doc)
+    shutil.copytree(figures.MEASURED, tmp_path / "bench" / "measured")
+    return tmp_path
+
+
+def test_a_changed_measurement_changes_the_doc_and_only_its_block(figures, tmp_path) -> None:
+    root = copy_tree(tmp_path, figures)
+    path = root / "bench" / "measured" / "generate.json"
+    record = json.loads(path.read_text(encoding="utf-8"))
+    record["ratio"], record["fraction_of_limit"] = 9.99, 0.12
+    path.write_text(json.dumps(record), encoding="utf-8")
+    before = (root / "docs" / "agents.md").read_text(encoding="utf-8")
+    after = figures.rendered(root)["docs/agents.md"]
+    assert "**9.99x the tokens a second**" in after and "**0.12 of the limit**" in after
+    changed = [line for line in after.splitlines() if line not in before.splitlines()]
+    assert len(changed) == 1 and changed[0].startswith("The engine with the defaults:")
+
+
+def test_the_rendered_ratios_are_the_recorded_ones(figures) -> None:
+    """Hand-checked against bench/measured/: the rows as the JSON holds them, the ways' best per shape."""
+    measured = {name: json.loads((figures.MEASURED / f"{name}.json").read_text(encoding="utf-8"))
+                for name in ("attention", "attention_avx2", "attention_training", "attention_training_avx2")}
+    decode = figures.decode_attention(measured)
+    row = next(r for r in measured["attention"]["rows"] if r["pass"] == "decode" and r["dtype"] == "bfloat16"
+               and r["keys"] == 600 and r["rows"] == 16)
+    assert (f"| AVX512 | bf16 | 16 x 600 | {row['enable_gqa_ms']:.3f} ms | {row['grouped_ms']:.3f} ms | "
+            f"{row['transposed_ms']:.3f} ms | {row['transposed_over_grouped']:.2f}x |") in decode
+    assert "ATEN_CPU_CAPABILITY=avx2" in decode  # the AVX2 rows say how the kernels were restricted
+    training = figures.training_attention(measured)
+    for record in (measured["attention_training"], measured["attention_training_avx2"]):
+        for r in record["rows"]:
+            best = [min(("mask", "written", "spans"), key=lambda w, p=p: r[w][f"{p}_ms"]) for p in ("fwd", "train")]
+            assert f" | {best[0]}, {best[1]} |" in training
+    kept = (measured["attention_training"], measured["attention_training_avx2"])
+    assert training.count("\n| AVX") == sum(len(r["rows"]) + len(r.get("passes", [])) for r in kept)
+
+
+def test_a_missing_marker_or_json_is_a_clear_error(figures, tmp_path) -> None:
+    root = copy_tree(tmp_path, figures)
+    (root / "bench" / "measured" / "generate.json").unlink()
+    with pytest.raises(SystemExit, match="figure 'generate' reads .*generate.json"):
+        figures.rendered(root)
+    root = copy_tree(tmp_path / "again", figures)
+    doc = root / "docs" / "agents.md"
+    doc.write_text(doc.read_text(encoding="utf-8").replace(figures.MARKER.format(name="generate", end="end"), ""),
+                   encoding="utf-8")
+    with pytest.raises(ValueError, match="no 'generate' section"):
+        figures.rendered(root)
