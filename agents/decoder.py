@@ -16,9 +16,10 @@ kernel whose backward is slow on CPU for short sequences. Here:
 - RoPE is computed once per forward for all layers; full-sequence attention is written out
   (``softmax(q k^T / sqrt(d) + mask) v``, softmax in float32 as transformers' eager attention) for
   short sequences in a pass with gradients, whose backward that makes several times cheaper on CPU
-  than the fused kernel, and uses ``scaled_dot_product_attention`` for long ones, where the (S, S)
-  scores would cost memory; on the CPU, rows of one span each attend span by span
-  (``SPAN_ATTENTION_MIN_LENGTH``), and a pass without gradients does not write attention out.
+  than the fused kernel in bfloat16, and uses ``scaled_dot_product_attention`` for long ones, where the
+  (S, S) scores would cost memory; on the CPU, rows of one span each attend span by span
+  (``SPAN_ATTENTION_MIN_LENGTH``), and neither a pass without gradients nor a float32 pass writes
+  attention out.
 
 The result equals the model's own forward (tests check log-probs and gradients against PEFT in
 float32); in bfloat16 the two differ by rounding only. :func:`decoder_support` says which models and
@@ -56,6 +57,13 @@ writes attention out. The written-out attention is there for its cheap backward;
 slowest of the three ways at every length ``bench/attention_training.py`` measured (64-1024 positions,
 bfloat16 and float32, on AVX-512 and on AVX2 kernels: ``bench/measured/attention_training*.json``), by
 12-21x the masked kernel in bfloat16 on AVX2 kernels, where its products are emulated."""
+
+MATH_ATTENTION_MAX_LENGTH_FLOAT32 = 0
+"""The same bound for a CPU pass with gradients in float32 (the default dtype of CPUs without bf16
+instructions): none writes attention out. The written-out attention's cheap backward is a bfloat16
+matter: in float32 the masked kernel's forward and backward together were as fast or faster at every
+length ``bench/attention_training.py`` measured (64-1024 positions, on AVX-512 and on AVX2 kernels:
+``bench/measured/attention_training*.json``), and its memory is linear in the length."""
 
 SPAN_ATTENTION_MIN_LENGTH = 256
 """Rows longer than this whose tokens are one span each (a left-padded prompt, then a right-padded
@@ -633,8 +641,9 @@ class FusedDecoder:
         """Causal attention over whole rows: ``allowed`` (N, 1, S, S) says which keys each query sees;
         ``spans`` (:meth:`_spans`): the rows' spans of tokens, attended span by span (the queries
         outside them, padding whose results are never read, get zeros instead of their own value).
-        Otherwise the masked kernel for rows longer than ``MATH_ATTENTION_MAX_LENGTH``
-        (``MATH_ATTENTION_MAX_LENGTH_NO_GRAD`` in a CPU pass without gradients), else the written-out
+        Otherwise the masked kernel for rows longer than ``MATH_ATTENTION_MAX_LENGTH`` (on the CPU:
+        ``MATH_ATTENTION_MAX_LENGTH_NO_GRAD`` in a pass without gradients,
+        ``MATH_ATTENTION_MAX_LENGTH_FLOAT32`` in a float32 pass with them), else the written-out
         attention."""
         groups = self.num_heads // self.num_kv_heads
         if spans is not None:
@@ -643,8 +652,13 @@ class FusedDecoder:
                 return span_attention(q, k, v, spans)
 
             return spanned
-        scoring = allowed.device.type == "cpu" and not torch.is_grad_enabled()
-        if length > (MATH_ATTENTION_MAX_LENGTH_NO_GRAD if scoring else MATH_ATTENTION_MAX_LENGTH):
+        bound = MATH_ATTENTION_MAX_LENGTH
+        if allowed.device.type == "cpu":
+            if not torch.is_grad_enabled():
+                bound = MATH_ATTENTION_MAX_LENGTH_NO_GRAD
+            elif dtype == torch.float32:
+                bound = MATH_ATTENTION_MAX_LENGTH_FLOAT32
+        if length > bound:
 
             def fused(_index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 return grouped_attention(q, k, v, allowed)

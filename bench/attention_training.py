@@ -17,16 +17,18 @@ scoring pass); ``train`` a forward and a backward. The ways take turns, a round 
 warm-up), and each figure is the median of ``--repeats`` rounds.
 ``max_abs_difference``: the largest difference from ``mask`` at the spans' queries.
 
-Then whole passes (``--no-pass`` skips them): the embedded SmolLM2-135M-Instruct with a rank-8 adapter
-and a value head, in the machine's default dtype, scoring and training (forward and backward of
-``-log-probs + value loss``) the rows of :data:`PASSES` (left-padded prompts, right-padded responses:
-a coding pair's update, its first and second turns, and shorter rows), the decoder's ways chosen three
-ways in the same run (:data:`CHOICES`): as it chooses them (``now``), as it chose them before scoring
-passes had their own bounds (``before``: span attention past 256 positions, written-out attention up to
-512, gradients or not), and without span attention (``no_spans``), taking turns likewise.
-Prints one JSON object on its last line.
+Then whole passes (``--no-pass`` skips them; ``--passes`` picks some): the embedded
+SmolLM2-135M-Instruct with a rank-8 adapter and a value head, in the machine's default dtype
+(``--pass-dtype``), scoring and training (forward and backward of ``-log-probs + value loss``) the rows
+of :data:`PASSES` (left-padded prompts, right-padded responses: IMDB's, a coding pair's update, its
+first and second turns, and shorter rows), the decoder's ways chosen three
+ways in the same run (:data:`CHOICES`, kept in the JSON): as it chooses them (``now``), as it chose them
+before a float32 training pass stopped writing attention out (``before``: written out up to 512
+positions), and without span attention (``no_spans``), taking turns likewise. ``--no-kernels`` times the
+whole passes alone. Prints one JSON object on its last line.
 
-    python bench/attention_training.py [--threads 1] [--repeats 3] [--no-pass]
+    python bench/attention_training.py [--threads 1] [--repeats 3] [--no-pass] [--no-kernels]
+                                       [--passes medium coding] [--pass-dtype float32]
 """
 
 from __future__ import annotations
@@ -54,13 +56,14 @@ HEADS, KV_HEADS, DIM = 9, 3, 64
 SHAPES = (("imdb", 32, 64), ("short", 32, 96), ("short", 16, 128), ("medium", 16, 192), ("medium", 16, 256),
           ("coding", 8, 512), ("coding", 8, 640), ("coding-2turn", 4, 1024))
 """(what, rows, positions a row)."""
-PASSES = (("medium", 16, (64, 96), (48, 96)), ("coding", 8, (300, 334), (128, 256)),
+PASSES = (("imdb", 16, (16, 32), (8, 24)), ("medium", 16, (64, 96), (48, 96)), ("coding", 8, (300, 334), (128, 256)),
           ("coding-2turn", 4, (640, 948), (128, 256)))
 """(what, rows, prompt tokens (fewest, most), response tokens (fewest, most)): the second turn's prompts of
 a 2-turn coding run measured 350-948 tokens, 640 on average."""
+DEFAULT_PASSES = ("medium", "coding", "coding-2turn")
 CHOICES = {
     "now": {},
-    "before": {"SPAN_ATTENTION_MIN_LENGTH_NO_GRAD": 256, "MATH_ATTENTION_MAX_LENGTH_NO_GRAD": 512},
+    "before": {"MATH_ATTENTION_MAX_LENGTH_FLOAT32": 512},
     "no_spans": {"SPAN_ATTENTION_MIN_LENGTH": 10**9, "SPAN_ATTENTION_MIN_LENGTH_NO_GRAD": 10**9},
 }
 """The decoder's bounds (``agents.decoder``'s constants) each whole pass is timed under, by name."""
@@ -126,19 +129,19 @@ def fwd_and_train(fn, qkv: tuple[torch.Tensor, ...], grad: torch.Tensor) -> dict
     return {"fwd": forward, "train": train}
 
 
-def whole_passes(repeats: int) -> list[dict]:
-    """Milliseconds of the decoder's scoring and training passes over the rows of :data:`PASSES`, under
-    each of :data:`CHOICES`."""
+def whole_passes(repeats: int, names: tuple[str, ...] = DEFAULT_PASSES, dtype: str | None = None) -> list[dict]:
+    """Milliseconds of the decoder's scoring and training passes over the rows of :data:`PASSES` named in
+    ``names``, in ``dtype`` (None: the machine's default), under each of :data:`CHOICES`."""
     from agents import LoraSettings, MultiAgentPolicy
     from agents.models import resolve_dtype
 
-    dtype = resolve_dtype(None, torch.device("cpu"))
+    dtype = resolve_dtype(dtype, torch.device("cpu"))
     policy = MultiAgentPolicy.from_pretrained(["coder"], None, dtype=dtype, device="cpu", value_head=True,
                                               lora=LoraSettings(rank=8, alpha=16.0))
     policy.train()
     gen = torch.Generator().manual_seed(1)
     return [one_pass(policy, what, rows, prompts, responses, gen, repeats)
-            for what, rows, prompts, responses in PASSES]
+            for what, rows, prompts, responses in PASSES if what in names]
 
 
 @contextlib.contextmanager
@@ -214,12 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pass", dest="whole_pass", action=argparse.BooleanOptionalAction, default=True,
-                        help="also time the decoder's whole pass with and without span attention")
+                        help="also time the decoder's whole passes under each of CHOICES")
+    parser.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the three ways of attention alone (--no-kernels: the whole passes only)")
+    parser.add_argument("--passes", nargs="+", choices=[p[0] for p in PASSES], default=list(DEFAULT_PASSES))
+    parser.add_argument("--pass-dtype", choices=["bfloat16", "float32"], default=None,
+                        help="the whole passes' dtype (default: the machine's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float32) if args.kernels else ():
         rate = matmul_tflops(dtype, args.repeats)
         for what, n, s in SHAPES:
             left = torch.randint(0, s // 8 + 1, (n,), generator=gen)
@@ -253,11 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                                                / row["spans"][f"{key}_ms"], 2) for key in ("fwd", "train")}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"bench": "attention_training", "rows": rows}
+    result: dict[str, Any] = {"bench": "attention_training", "rows": rows}
     if args.whole_pass:
-        result["passes"] = whole_passes(args.repeats)
+        result["choices"] = CHOICES
+        result["passes"] = whole_passes(args.repeats, tuple(args.passes), args.pass_dtype)
         print(json.dumps(result["passes"]), flush=True)
-    machine = machine_description("auto")
+    machine = machine_description(args.pass_dtype if args.whole_pass and args.pass_dtype else "auto")
     machine["threads"] = args.threads
     print(json.dumps({**result, "machine": machine}))
     return 0

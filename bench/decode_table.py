@@ -2,7 +2,9 @@
 the bare loop (model forward with the cache and arg-max, no ``generate`` machinery), plain
 ``model.generate`` (greedy), and the rollout engine (two LoRA adapters, half the rows each, sampling at
 temperature 0.7 / top-p 0.9 / top-k 50), each in float32 and bfloat16, for 4, 8, 16 and 32 rows.
-Each figure is the median of ``--repeats`` runs. Prints one JSON object on its last line.
+The three paths of a row count take turns, a run each (the first round a warm-up, not counted), and
+each figure is the median of ``--repeats`` rounds: timed one path after another, the first paid for the
+process's first passes. Prints one JSON object on its last line.
 
     python bench/decode_table.py [--rows 4 8 16 32] [--repeats 3]
 """
@@ -15,6 +17,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -40,13 +43,24 @@ def chat_prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return enc.input_ids, enc.attention_mask
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for seed in range(repeats):
-        torch.manual_seed(seed)
-        times.append(fn())
-    return round(statistics.median(times), 1)
+def medians_in_turns(runs: tuple[tuple[str, Callable[[], float]], ...], repeats: int) -> dict[str, float]:
+    """Each run's median of the ms a step it returns, the runs taking turns a call each, ``repeats`` rounds
+    after a warm-up round (each round seeded alike).
+
+    >>> calls = []
+    >>> medians_in_turns((("a", lambda: calls.append("a") or 1.0), ("b", lambda: calls.append("b") or 2.0)), 2)
+    {'a': 1.0, 'b': 2.0}
+    >>> calls
+    ['a', 'b', 'a', 'b', 'a', 'b']
+    """
+    taken: dict[str, list[float]] = {name: [] for name, _ in runs}
+    for round_ in range(repeats + 1):
+        for name, fn in runs:
+            torch.manual_seed(round_)
+            ms = fn()
+            if round_:
+                taken[name].append(ms)
+    return {name: round(statistics.median(times), 1) for name, times in taken.items()}
 
 
 def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> float:
@@ -93,8 +107,8 @@ def main() -> None:
                 ("model.generate", functools.partial(generate_ms, model, tokenizer, ids, mask)),
                 ("engine, 2 adapters", functools.partial(engine_ms, policy, prompts)),
             )
-            for name, fn in runs:
-                table.setdefault(f"{dtype} {name}", {})[rows] = median_ms(fn, args.repeats)
+            for name, ms in medians_in_turns(runs, args.repeats).items():
+                table.setdefault(f"{dtype} {name}", {})[rows] = ms
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
     print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
                       "steps": STEPS, "threads": torch.get_num_threads(), "device": str(device),

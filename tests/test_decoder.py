@@ -242,9 +242,11 @@ def test_shared_prompts_through_the_fused_attention_kernel(tokenizer, monkeypatc
     policy = make_policy(tokenizer)
     batch = grouped(tokenizer)
     policy.share_prompts = False
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 512)  # whole rows written out
     whole = loss_and_grads(policy, "helper", batch)
     policy.share_prompts = True
     monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH", 4)
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 4)
     shared = loss_and_grads(policy, "helper", batch)
     for a, b in zip(shared[:2], whole[:2]):
         assert_f32_close(a, b)
@@ -266,24 +268,27 @@ def testdistinct_rows():
     assert distinct_rows(ids[:1], mask[:1]) == (None, None)
 
 
-def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch):
+def test_long_rows_use_the_fused_attention_kernel(tokenizer, monkeypatch, count_calls):
+    """A training pass writes attention out up to ``MATH_ATTENTION_MAX_LENGTH`` positions and takes the
+    fused kernel past it (here 4): the same log-probs, values and gradients. On the CPU a float32 pass
+    takes the kernel at every length (``MATH_ATTENTION_MAX_LENGTH_FLOAT32``); the tiny model is float32."""
     policy = make_policy(tokenizer)
     batch = episode(tokenizer, response=9)
+    kernel = count_calls(decoder_module.F, "scaled_dot_product_attention")
+    default = loss_and_grads(policy, "helper", batch)
+    assert bool(kernel) == (batch[0].device.type == "cpu")
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 512)
+    kernel.clear()
     short = loss_and_grads(policy, "helper", batch)
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return sdpa(*args, **kwargs)
-
+    assert not kernel  # written out, on every device
     monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH", 4)
-    monkeypatch.setattr(decoder_module.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 4)
     long = loss_and_grads(policy, "helper", batch)
-    assert calls
-    for a, b in zip(short[:2], long[:2]):
-        assert_f32_close(a, b)
-    assert_grads_close(long[2], short[2])
+    assert kernel
+    for other in (long, default):
+        for a, b in zip(short[:2], other[:2]):
+            assert_f32_close(a, b)
+        assert_grads_close(other[2], short[2])
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -294,6 +299,7 @@ def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, count_call
     policy = make_policy(tokenizer)
     batch = grouped(tokenizer) if shared else episode(tokenizer, response=9)
     policy.share_prompts = shared
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 512)
     masked = loss_and_grads(policy, "helper", batch)
     monkeypatch.setattr(decoder_module, "SPAN_ATTENTION_MIN_LENGTH", 0)
     calls = count_calls(decoder_module, "span_attention")
@@ -307,12 +313,14 @@ def test_rows_of_one_span_attend_span_by_span(tokenizer, monkeypatch, count_call
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_pass_without_gradients_never_writes_attention_out_on_the_cpu(tokenizer, monkeypatch, count_calls, shared):
     """A scoring pass (no gradients) on the CPU takes the masked kernel where a training pass writes
-    attention out, and goes span by span past ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0), which a
-    training pass of these rows would not (``SPAN_ATTENTION_MIN_LENGTH``): every way the same log-probs
-    and values as the training pass. On a GPU the scoring pass keeps the training pass's way."""
+    attention out (a bfloat16 pass's way, here forced in float32), and goes span by span past
+    ``SPAN_ATTENTION_MIN_LENGTH_NO_GRAD`` (here 0), which a training pass of these rows would not
+    (``SPAN_ATTENTION_MIN_LENGTH``): every way the same log-probs and values as the training pass. On a
+    GPU the scoring pass keeps the training pass's way."""
     policy = make_policy(tokenizer)
     batch = grouped(tokenizer) if shared else episode(tokenizer, response=9)
     policy.share_prompts = shared
+    monkeypatch.setattr(decoder_module, "MATH_ATTENTION_MAX_LENGTH_FLOAT32", 512)
     trained = loss_and_grads(policy, "helper", batch)
     cpu = batch[0].device.type == "cpu"
 
