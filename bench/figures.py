@@ -151,14 +151,51 @@ def decode_attention(measured: dict[str, dict[str, Any]]) -> str:
     return text
 
 
+def decode_table(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/decode_table.py``: ms a decode step of the bare loop, ``model.generate`` and the engine, per
+    dtype and row count, and what the rows and the engine's machinery cost."""
+    d = measured["decode_table"]
+    table = d["ms_per_step"]
+    counts = sorted({int(rows) for figures in table.values() for rows in figures})
+    lines = [f"Measured: {machine(d)} (`bench/measured/decode_table.json`). {d['shape']}; {d['prompt_tokens']}-token "
+             f"chat prompts, {d['steps']} steps; medians of rounds in which the three paths take turns.", "",
+             "| ms a decode step, rows | " + " | ".join(str(c) for c in counts) + " |",
+             "|---|" + "---|" * len(counts)]
+    for name, figures in table.items():
+        cells = [f"{figures[str(c)]:.1f}" if str(c) in figures else "" for c in counts]
+        if name.endswith("engine, 2 adapters"):
+            name, cells = f"**{name}**", [f"**{cell}**" if cell else "" for cell in cells]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    notes = []
+    for dtype in ("bfloat16", "float32"):
+        bare, engine = table.get(f"{dtype} bare loop"), table.get(f"{dtype} engine, 2 adapters")
+        if not bare or not engine:
+            continue
+        first, last = str(counts[0]), str(counts[-1])
+        extra = [engine[c] / bare[c] - 1 for c in bare if c in engine]
+        notes.append(f"in {dtype} {last} rows cost {engine[last] / engine[first]:.2f}x what {first} cost through the "
+                     f"engine ({bare[last] / bare[first]:.2f}x in the bare loop), and the engine's adapters and "
+                     f"sampling add {span([100 * e for e in extra], 0, '%')} to the bare loop's step")
+    if notes:
+        lines += ["", "So " + "; ".join(notes) + "."]
+    return "\n".join(lines)
+
+
+TRAINING_ATTENTION = ("attention_training", "attention_training_avx2", "attention_passes_f32",
+                      "attention_passes_f32_avx2")
+"""The JSONs of ``bench/attention_training.py``: the ways alone (and bf16 whole passes) on AVX-512 and AVX2
+kernels, then float32 whole passes on each."""
+
+
 def training_attention(measured: dict[str, dict[str, Any]]) -> str:
     """``bench/attention_training.py``: the three ways of a scoring or training pass's attention per
-    shape, dtype and kernel set, and the embedded model's whole passes under the decoder's bounds."""
+    shape, dtype and kernel set, and the embedded model's whole passes under the decoder's bounds of the
+    JSON's commit (``now``) and the other bounds it was timed under (its ``choices``)."""
     ways = ("mask", "written", "spans")
     lines = ["| kernels | dtype | rows x positions | masked SDPA (fwd / train) | written out | span calls | "
              "best (fwd, train) |", "|---|---|---|---|---|---|---|"]
-    passes = []
-    for name in ("attention_training", "attention_training_avx2"):
+    tables = []
+    for name in TRAINING_ATTENTION:
         record = measured[name]
         kind = record["machine"]["kernels"]
         for r in record["rows"]:
@@ -166,27 +203,32 @@ def training_attention(measured: dict[str, dict[str, Any]]) -> str:
             lines.append(f"| {kind} | {DTYPES[r['dtype']]} | {r['rows']} x {r['positions']} | "
                          + " | ".join(f"{r[w]['fwd_ms']:.1f} / {r[w]['train_ms']:.1f} ms" for w in ways)
                          + f" | {best[0]}, {best[1]} |")
-        for p in record.get("passes", []):
-            passes.append(
-                f"| {kind} | {DTYPES[p['dtype']]} | {p['what']}: {p['rows']} x {p['positions']} | "
-                + " | ".join(f"{p[c]['score_ms']:.0f} / {p[c]['train_ms']:.0f} ms"
-                             for c in ("now", "before", "no_spans"))
-                + f" | {p['speedup']['no_spans']['score_ms']:.2f}x / {p['speedup']['no_spans']['train_ms']:.2f}x |")
+        if record.get("passes"):
+            before = ", ".join(f"`{k} = {v}`" for k, v in record["choices"]["before"].items())
+            rows = [f"| {kind} | {DTYPES[p['dtype']]} | {p['what']}: {p['rows']} x {p['positions']} | "
+                    + " | ".join(f"{p[c]['score_ms']:.0f} / {p[c]['train_ms']:.0f} ms"
+                                 for c in ("now", "before", "no_spans"))
+                    + " | " + " | ".join(f"{p['speedup'][c]['score_ms']:.2f}x / {p['speedup'][c]['train_ms']:.2f}x"
+                                         for c in ("before", "no_spans")) + " |"
+                    for p in record["passes"]]
+            tables.append(f"`bench/measured/{name}.json` (at {record['measured']['commit']}; before: {before}):\n\n"
+                          "| kernels | dtype | rows x positions | now | before | no span attention | now against "
+                          "before | now against none |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
     text = ("The attention alone, ms a call (fwd: no gradients; train: forward and backward), medians of rounds "
-            "in which the ways take turns; " + sources(measured, ("attention_training", "attention_training_avx2"))
-            + ".\n\n" + "\n".join(lines))
-    if passes:
-        text += ("\n\nWhole passes of the embedded model (a rank-8 adapter and a value head; score / train, ms): "
-                 "the decoder's bounds now, before scoring passes had their own, and without span attention.\n\n"
-                 "| kernels | dtype | rows x positions | now | before | no span attention | now against none |\n"
-                 "|---|---|---|---|---|---|---|\n" + "\n".join(passes))
+            "in which the ways take turns; " + sources(measured, TRAINING_ATTENTION[:2]) + ".\n\n" + "\n".join(lines))
+    if tables:
+        text += ("\n\nWhole passes of the embedded model (a rank-8 adapter and a value head; score / train, ms, "
+                 "medians of rounds in which the bounds take turns): the decoder's bounds at the JSON's commit "
+                 "(now), the bounds before a change (before), and without span attention; "
+                 + sources(measured, TRAINING_ATTENTION[2:]) + ".\n\n" + "\n\n".join(tables))
     return text
 
 
 FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any]]], str]]] = {
     "generate": ("docs/agents.md", ("generate",), generate),
+    "decode-table": ("docs/agents.md", ("decode_table",), decode_table),
     "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
-    "training-attention": ("docs/agents.md", ("attention_training", "attention_training_avx2"), training_attention),
+    "training-attention": ("docs/agents.md", TRAINING_ATTENTION, training_attention),
 }
 """name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
 

@@ -64,7 +64,7 @@ def test_a_changed_measurement_changes_the_doc_and_only_its_block(figures, tmp_p
 def test_the_rendered_ratios_are_the_recorded_ones(figures) -> None:
     """Hand-checked against bench/measured/: the rows as the JSON holds them, the ways' best per shape."""
     measured = {name: json.loads((figures.MEASURED / f"{name}.json").read_text(encoding="utf-8"))
-                for name in ("attention", "attention_avx2", "attention_training", "attention_training_avx2")}
+                for name in ("attention", "attention_avx2", "decode_table", *figures.TRAINING_ATTENTION)}
     decode = figures.decode_attention(measured)
     row = next(r for r in measured["attention"]["rows"] if r["pass"] == "decode" and r["dtype"] == "bfloat16"
                and r["keys"] == 600 and r["rows"] == 16)
@@ -72,12 +72,18 @@ def test_the_rendered_ratios_are_the_recorded_ones(figures) -> None:
             f"{row['transposed_ms']:.3f} ms | {row['transposed_over_grouped']:.2f}x |") in decode
     assert "ATEN_CPU_CAPABILITY=avx2" in decode  # the AVX2 rows say how the kernels were restricted
     training = figures.training_attention(measured)
-    for record in (measured["attention_training"], measured["attention_training_avx2"]):
+    kept = [measured[name] for name in figures.TRAINING_ATTENTION]
+    for record in kept:
         for r in record["rows"]:
             best = [min(("mask", "written", "spans"), key=lambda w, p=p: r[w][f"{p}_ms"]) for p in ("fwd", "train")]
             assert f" | {best[0]}, {best[1]} |" in training
-    kept = (measured["attention_training"], measured["attention_training_avx2"])
+        for p in record.get("passes", []):  # each whole pass under its JSON's bounds, against its "before"
+            assert (f"{p['now']['score_ms']:.0f} / {p['now']['train_ms']:.0f} ms | {p['before']['score_ms']:.0f} / "
+                    f"{p['before']['train_ms']:.0f} ms") in training
     assert training.count("\n| AVX") == sum(len(r["rows"]) + len(r.get("passes", [])) for r in kept)
+    table = measured["decode_table"]["ms_per_step"]
+    bf16_4, bf16_32 = table["bfloat16 engine, 2 adapters"]["4"], table["bfloat16 engine, 2 adapters"]["32"]
+    assert f"in bfloat16 32 rows cost {bf16_32 / bf16_4:.2f}x what 4 cost" in figures.decode_table(measured)
 
 
 def test_a_missing_marker_or_json_is_a_clear_error(figures, tmp_path) -> None:
