@@ -20,10 +20,13 @@ JSON object on its last line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -111,6 +114,13 @@ def training_row(dtype: torch.dtype, n: int, length: int, gbps: float, calls: in
             "grouped_fraction_of_limit": round(limit / ours, 3), "max_abs_difference": float(difference.abs().max())}
 
 
+def cpu_seconds(fn: Callable[[], object]) -> float:
+    """Seconds of this process's CPU time a call of ``fn`` takes (fairer than the wall on a shared machine)."""
+    c0 = time.process_time()
+    fn()
+    return time.process_time() - c0
+
+
 def generate_rows(repeats: int, max_new_tokens: int) -> list[dict]:
     """The engine's whole ``generate_joint`` on the embedded model in the machine's default dtype, its
     keys transposed (``RolloutEngine.transposed_keys``, the default on the CPU) and not, in turns: 4
@@ -131,21 +141,26 @@ def generate_rows(repeats: int, max_new_tokens: int) -> list[dict]:
     pad = policy.tokenizer.pad_token_id
     engine = policy.engine
     rows = []
+    @contextlib.contextmanager
+    def keys(way: str) -> Iterator[None]:
+        engine.transposed_keys = way == "transposed"
+        try:
+            yield
+        finally:
+            engine.transposed_keys = True
+
     for what, prompt_rows in (("coding", texts), ("coding-2turn", [torch.cat([t, t]) for t in texts])):
         prompts = {"coder": left_padded(prompt_rows, pad)}
         produced: dict[str, int] = {}
-        seconds: dict[str, list[float]] = {"transposed": [], "grouped": []}
-        for round_ in range(repeats + 1):
-            for way in seconds:
-                engine.transposed_keys = way == "transposed"
-                c0 = time.process_time()
-                out = policy.generate_joint(prompts, 4, max_new_tokens=max_new_tokens, temperature=0.7,
-                                            seeds=list(range(4)))["coder"]
-                if round_:
-                    seconds[way].append(time.process_time() - c0)
-                produced[way] = int(out.response_mask.sum())
-        engine.transposed_keys = True
-        medians = {way: statistics.median(values) for way, values in seconds.items()}
+
+        def run(way: str, prompts: dict = prompts, produced: dict = produced) -> None:
+            out = policy.generate_joint(prompts, 4, max_new_tokens=max_new_tokens, temperature=0.7,
+                                        seeds=list(range(4)))["coder"]
+            produced[way] = int(out.response_mask.sum())
+
+        timed_ways = in_turns({way: {"s": functools.partial(run, way)} for way in ("transposed", "grouped")}, repeats,
+                              around=keys, measure=cpu_seconds)
+        medians = {way: figures["s"] for way, figures in timed_ways.items()}
         rows.append({"pass": "generate", "what": what, "dtype": str(dtype).removeprefix("torch."), "rows": 16,
                      "prompt_tokens": int(prompts["coder"][1].sum(1).max()), "max_new_tokens": max_new_tokens,
                      "tokens": produced, **{f"{way}_cpu_s": round(v, 2) for way, v in medians.items()},

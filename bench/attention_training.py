@@ -88,12 +88,21 @@ def matmul_tflops(dtype: torch.dtype, repeats: int) -> float:
     return 2 * 1024**3 / (best / 1e3) / 1e12
 
 
+def wall_ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds of wall clock a call of ``fn`` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def in_turns(timings: dict[str, dict[str, Any]], repeats: int,
-             around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> dict[str, dict[str, float]]:
+             around: Callable[[str], contextlib.AbstractContextManager] | None = None,
+             measure: Callable[[Callable[[], Any]], float] = wall_ms) -> dict[str, dict[str, float]]:
     """Median milliseconds of each call of ``timings`` (way -> {figure: fn}), the ways taking turns a round
     each, ``repeats`` rounds after one that warms up and is not counted (``around(way)``: a context each
-    way's calls run in). Timed one way after another, the first way measured paid for the process's first
-    passes: 1.6x slower scoring passes at 192 positions than the same way measured later in one run.
+    way's calls run in; ``measure(fn)``: what a call is worth, its wall milliseconds unless told). Timed one
+    way after another, the first way measured paid for the process's first passes: 1.6x slower scoring
+    passes at 192 positions than the same way measured later in one run.
 
     >>> calls = []
     >>> medians = in_turns({"a": {"x": lambda: calls.append("a")}, "b": {"x": lambda: calls.append("b")}}, 2)
@@ -107,10 +116,9 @@ def in_turns(timings: dict[str, dict[str, Any]], repeats: int,
         for way, fns in timings.items():
             with around(way) if around else contextlib.nullcontext():
                 for key, fn in fns.items():
-                    t0 = time.perf_counter()
-                    fn()
+                    value = measure(fn)
                     if round_:
-                        taken[way][key].append((time.perf_counter() - t0) * 1e3)
+                        taken[way][key].append(value)
     return {way: {key: statistics.median(values) for key, values in times.items()} for way, times in taken.items()}
 
 

@@ -2,9 +2,9 @@
 the bare loop (model forward with the cache and arg-max, no ``generate`` machinery), plain
 ``model.generate`` (greedy), and the rollout engine (two LoRA adapters, half the rows each, sampling at
 temperature 0.7 / top-p 0.9 / top-k 50), each in float32 and bfloat16, for 4, 8, 16 and 32 rows.
-The three paths of a row count take turns, a run each (the first round a warm-up, not counted), and
-each figure is the median of ``--repeats`` rounds: timed one path after another, the first paid for the
-process's first passes. Prints one JSON object on its last line.
+The three paths of a row count take turns, a run each (the first round a warm-up, not counted; each run
+seeded alike), and each figure is the median of ``--repeats`` rounds: timed one path after another, the
+first paid for the process's first passes. Prints one JSON object on its last line.
 
     python bench/decode_table.py [--rows 4 8 16 32] [--repeats 3]
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from attention_training import in_turns
 from generate import QUESTIONS, bare_loop_ms
 
 from agents import LoraSettings, MultiAgentPolicy, load_model
@@ -43,24 +43,10 @@ def chat_prompts(tokenizer, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return enc.input_ids, enc.attention_mask
 
 
-def medians_in_turns(runs: tuple[tuple[str, Callable[[], float]], ...], repeats: int) -> dict[str, float]:
-    """Each run's median of the ms a step it returns, the runs taking turns a call each, ``repeats`` rounds
-    after a warm-up round (each round seeded alike).
-
-    >>> calls = []
-    >>> medians_in_turns((("a", lambda: calls.append("a") or 1.0), ("b", lambda: calls.append("b") or 2.0)), 2)
-    {'a': 1.0, 'b': 2.0}
-    >>> calls
-    ['a', 'b', 'a', 'b', 'a', 'b']
-    """
-    taken: dict[str, list[float]] = {name: [] for name, _ in runs}
-    for round_ in range(repeats + 1):
-        for name, fn in runs:
-            torch.manual_seed(round_)
-            ms = fn()
-            if round_:
-                taken[name].append(ms)
-    return {name: round(statistics.median(times), 1) for name, times in taken.items()}
+def seeded(fn: Callable[[], float]) -> float:
+    """What ``fn`` returns (its ms a step), with torch's global generator seeded alike for every call."""
+    torch.manual_seed(0)
+    return fn()
 
 
 def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> float:
@@ -107,8 +93,9 @@ def main() -> None:
                 ("model.generate", functools.partial(generate_ms, model, tokenizer, ids, mask)),
                 ("engine, 2 adapters", functools.partial(engine_ms, policy, prompts)),
             )
-            for name, ms in medians_in_turns(runs, args.repeats).items():
-                table.setdefault(f"{dtype} {name}", {})[rows] = ms
+            medians = in_turns({name: {"ms": fn} for name, fn in runs}, args.repeats, measure=seeded)
+            for name, ms in medians.items():
+                table.setdefault(f"{dtype} {name}", {})[rows] = round(ms["ms"], 1)
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
     print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
                       "steps": STEPS, "threads": torch.get_num_threads(), "device": str(device),
