@@ -40,11 +40,15 @@ def machine(record: dict[str, Any]) -> str:
     'AMD EPYC (avx2 avx512_bf16), 1 thread, AVX2 kernels (ATEN_CPU_CAPABILITY=avx2); 2026-11-28 at 63a167f, \
 nothing else running'
     """
-    m, when = record["machine"], record.get("measured", {})
-    threads = f"{m['threads']} thread" + ("s" if m["threads"] != 1 else "")
+    m, when = record.get("machine") or record, record.get("measured", {})
+    parts = [f"{m['cpu']} ({' '.join(m['isa'])})"]
+    if "threads" in m:
+        parts.append(f"{m['threads']} thread" + ("s" if m["threads"] != 1 else ""))
+    if "kernels" in m:
+        parts.append(kernels(record))
     stamp = ", ".join(part for part in (" at ".join(p for p in (when.get("when"), when.get("commit")) if p),
                                         when.get("load")) if part)
-    return f"{m['cpu']} ({' '.join(m['isa'])}), {threads}, {kernels(record)}" + (f"; {stamp}" if stamp else "")
+    return ", ".join(parts) + (f"; {stamp}" if stamp else "")
 
 
 def kernels(record: dict[str, Any]) -> str:
@@ -210,6 +214,53 @@ def sandbox(measured: dict[str, dict[str, Any]]) -> str:
     ])
 
 
+def procgen(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/procgen.py``: the generated planning and puzzle families' instances and env steps a second."""
+    d = measured["procgen"]
+    lines = [f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores, pure Python (no dtype) "
+             f"(`bench/measured/procgen.json`); medians of {d['repeats']} runs.", "",
+             "| family (default level) | train instances/s | generator calls/s | env steps/s, no program | "
+             "env steps/s, with the reference program |", "|---|---|---|---|---|"]
+    calls, program_ms = [], []
+    for family, rate in d["instances_per_s"].items():
+        env_id = next(e for e in d["env_steps_per_s"] if e.endswith(f"/{family}-v0"))
+        steps = d["env_steps_per_s"][env_id]
+        lines.append(f"| {family} | {rate:,.0f} | {d['generator_calls_per_s'][family]:,.0f} | "
+                     f"{steps['no_tool']:,.0f} | {steps['with_tool']:.1f} |")
+        calls.append(d["generator_calls_per_s"][family] / rate)
+        program_ms.append(1e3 / steps["with_tool"] - 1e3 / steps["no_tool"])
+    met = "met" if d["target_met"] else "NOT met"
+    lines += ["", f"The >= 10,000 instances/s target of plan-path and sudoku4: **{met}**. A train instance costs "
+                  f"{span(calls, 1, '')} generator calls (eval-class draws are skipped); running the reference "
+                  f"program in the sandbox adds {span(program_ms, 1, ' ms')} to a step."]
+    return "\n".join(lines)
+
+
+def building_oracle(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/procgen.py``'s building families: the oracle's and random commands' reward on the first eval
+    instances."""
+    d = measured["procgen"]
+    lines = ["| id (default level) | oracle | random commands, mean (max) |", "|---|---|---|"]
+    for family, b in d["building"].items():
+        exact = b["oracle_min"] == b["oracle_mean"] == b["max_reward"]
+        oracle = (f"{b['oracle_mean']:.1f} on all {b['eval_instances']}" if exact
+                  else f"{b['oracle_mean']:.3f} (least {b['oracle_min']:.3f}, of {b['max_reward']:.1f})")
+        lines.append(f"| `building/{family}-v0` | {oracle} | {b['random_mean']:.3f} ({b['random_max']:.3f}) |")
+    return "\n".join(lines)
+
+
+def building_throughput(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/procgen.py``'s building families: instances and reward evaluations a second."""
+    d = measured["procgen"]
+    lines = [f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores, pure Python "
+             f"(`bench/measured/procgen.json`); medians of {d['repeats']} runs.", "",
+             "| id (default level) | train instances/s | reward evaluations/s (the oracle's commands simulated and "
+             "scored) |", "|---|---|---|"]
+    lines += [f"| `building/{family}-v0` | {b['instances_per_s']:,.0f} | {b['rewards_per_s']:,.0f} |"
+              for family, b in d["building"].items()]
+    return "\n".join(lines)
+
+
 TRAINING_ATTENTION = ("attention_training", "attention_training_avx2", "attention_passes_f32",
                       "attention_passes_f32_avx2")
 """The JSONs of ``bench/attention_training.py``: the ways alone (and bf16 whole passes) on AVX-512 and AVX2
@@ -259,6 +310,9 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any
     "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
     "training-attention": ("docs/agents.md", TRAINING_ATTENTION, training_attention),
     "sandbox": ("docs/sandbox.md", ("sandbox",), sandbox),
+    "procgen": ("docs/procgen.md", ("procgen",), procgen),
+    "building-oracle": ("docs/building.md", ("procgen",), building_oracle),
+    "building-throughput": ("docs/building.md", ("procgen",), building_throughput),
 }
 """name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
 
