@@ -261,6 +261,30 @@ def building_throughput(measured: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+ITERATION_SHAPES = {"magrpo": "MAGRPO (2 agents, 1 problem x G=4, 48 tokens)",
+                    "ppo": "PPO (`sentiment/imdb-v0`, 16 episodes, 4 epochs, 4-16 tokens)",
+                    "cory": "CORY (the same settings, two agents)"}
+"""``bench/iterations.py``'s learners and their bench shapes (its ``SHAPES``)."""
+
+
+def iterations(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/iterations.py``: seconds an iteration of each learner before the rollout engine and now."""
+    d = measured["iterations"]
+    lines = [f"Measured: {machine(d)} (`bench/measured/iterations.json`); before = {d['before']} (its float32 "
+             f"default), after in {d['machine']['dtype']}; {d['iterations']} iterations a run, {d['rounds']} "
+             "round(s), medians.", "",
+             f"| learner | before ({d['before']}) | after | speedup | peak RSS before -> after | rollout share after |",
+             "|---|---|---|---|---|---|"]
+    for learner, label in ITERATION_SHAPES.items():
+        if learner not in d:
+            continue
+        before, after = d[learner]["before"], d[learner]["after"]
+        lines.append(f"| {label} | {before['s_per_iteration']:.2f} s | **{after['s_per_iteration']:.2f} s** | "
+                     f"**{d[learner]['speedup']:.2f}x** | {before['peak_rss_mb']} -> {after['peak_rss_mb']} MB | "
+                     f"{100 * after['rollout_fraction']:.0f}% |")
+    return "\n".join(lines)
+
+
 TRAINING_ATTENTION = ("attention_training", "attention_training_avx2", "attention_passes_f32",
                       "attention_passes_f32_avx2")
 """The JSONs of ``bench/attention_training.py``: the ways alone (and bf16 whole passes) on AVX-512 and AVX2
@@ -309,6 +333,7 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any
     "decode-table": ("docs/agents.md", ("decode_table",), decode_table),
     "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
     "training-attention": ("docs/agents.md", TRAINING_ATTENTION, training_attention),
+    "iterations": ("docs/agents.md", ("iterations",), iterations),
     "sandbox": ("docs/sandbox.md", ("sandbox",), sandbox),
     "procgen": ("docs/procgen.md", ("procgen",), procgen),
     "building-oracle": ("docs/building.md", ("procgen",), building_oracle),

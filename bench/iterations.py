@@ -58,11 +58,13 @@ BEFORE = {
 }
 
 CHILD = """
-import json, resource, sys
-from baselines.learners import cory, magrpo, ppo
-try:
+import json, os, resource, sys
+import baselines
+if os.path.isdir(os.path.join(baselines.__path__[0], "learners")):
+    from baselines.learners import cory, magrpo, ppo
     from baselines.infra.metrics import read_metrics
-except ImportError:  # the tree before the engine kept it in baselines/common.py
+else:  # the tree before the engine: the learners and read_metrics at the package's top
+    from baselines import cory, magrpo, ppo
     from baselines.common import read_metrics
 import tyro
 module = {"magrpo": magrpo, "ppo": ppo, "cory": cory}[sys.argv[1]]
@@ -94,6 +96,8 @@ def worktree(commit: str) -> Iterator[Path]:
 def run(learner: str, path: str, iterations: int, out: Path, tree: Path | None = None, round_: int = 0) -> dict:
     """One child process: ``path`` "before" runs ``tree`` (a checkout of the old commit) with its own
     defaults, or, without a tree, today's code with the old choices (:data:`BEFORE`) switched back on.
+    The child asks the tree's own ``baselines`` where its learners are, not the import system: an editable
+    install's finder resolves a submodule the tree lacks (``baselines.learners``) from today's checkout.
     Each round gets its own run directory (a finished run leaves a checkpoint that a new run refuses to
     write over)."""
     extra = BEFORE[learner] if path == "before" and tree is None else []
