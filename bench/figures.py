@@ -51,6 +51,19 @@ nothing else running'
     return ", ".join(parts) + (f"; {stamp}" if stamp else "")
 
 
+def measured_on(record: dict[str, Any], name: str) -> str:
+    """The sentence that opens a figure: where and when ``bench/measured/<name>.json`` was measured (a pure
+    Python bench's Python version and cores too).
+
+    >>> measured_on({"cpu": "X", "isa": ["avx2"], "python": "3.11.7", "cores": 2}, "procgen")
+    'Measured: X (avx2); Python 3.11.7, 2 cores, pure Python (no dtype) (`bench/measured/procgen.json`).'
+    """
+    where = machine(record)
+    if "python" in record:
+        where += f"; Python {record['python']}, {record['cores']} cores, pure Python (no dtype)"
+    return f"Measured: {where} (`bench/measured/{name}.json`)."
+
+
 def kernels(record: dict[str, Any]) -> str:
     """ATen's kernel set and how it was restricted: ``AVX512 kernels``, ``AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)``."""
     m = record["machine"]
@@ -103,7 +116,7 @@ def generate(measured: dict[str, dict[str, Any]]) -> str:
         (f"**the engine with the defaults** ({g['ours']['dtype']})", g["ours"]),
     )
     lines = [
-        f"Measured: {machine(g)} (`bench/measured/generate.json`). {g['model']}; {g['agents']} agents x "
+        f"{measured_on(g, 'generate')} {g['model']}; {g['agents']} agents x "
         f"{g['prompts']} chat prompts ({g['prompt_tokens']} tokens) x {g['samples']} samples ({g['rows']} rows) x "
         f"{g['max_new_tokens']} new tokens, temperature {s['temperature']} / top-p {s['top_p']} / top-k {s['top_k']}; "
         "tokens a second best of the runs (their median beside it).",
@@ -161,8 +174,8 @@ def decode_table(measured: dict[str, dict[str, Any]]) -> str:
     d = measured["decode_table"]
     table = d["ms_per_step"]
     counts = sorted({int(rows) for figures in table.values() for rows in figures})
-    lines = [f"Measured: {machine(d)} (`bench/measured/decode_table.json`). {d['shape']}; {d['prompt_tokens']}-token "
-             f"chat prompts, {d['steps']} steps; medians of rounds in which the three paths take turns.", "",
+    lines = [f"{measured_on(d, 'decode_table')} {d['shape']}; {d['prompt_tokens']}-token chat prompts, "
+             f"{d['steps']} steps; medians of rounds in which the three paths take turns.", "",
              "| ms a decode step, rows | " + " | ".join(str(c) for c in counts) + " |",
              "|---|" + "---|" * len(counts)]
     for name, figures in table.items():
@@ -193,8 +206,7 @@ def sandbox(measured: dict[str, dict[str, Any]]) -> str:
     isolation = ", ".join(name.replace("_", " ") for name in ("network_isolated", "pid_namespace", "filesystem_hidden",
                                                               "disk_capped", "privileges_dropped") if d.get(name))
     return "\n".join([
-        f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores (`bench/measured/sandbox.json`). "
-        f"{d['programs']} programs, medians of {d['repeats']} runs, the two taking turns.",
+        f"{measured_on(d, 'sandbox')} {d['programs']} programs, medians of {d['repeats']} runs, the two taking turns.",
         "",
         "| | programs a second | every test passed (the fewest of the runs) |",
         "|---|---|---|",
@@ -217,8 +229,7 @@ def sandbox(measured: dict[str, dict[str, Any]]) -> str:
 def procgen(measured: dict[str, dict[str, Any]]) -> str:
     """``bench/procgen.py``: the generated planning and puzzle families' instances and env steps a second."""
     d = measured["procgen"]
-    lines = [f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores, pure Python (no dtype) "
-             f"(`bench/measured/procgen.json`); medians of {d['repeats']} runs.", "",
+    lines = [f"{measured_on(d, 'procgen')} Medians of {d['repeats']} runs.", "",
              "| family (default level) | train instances/s | generator calls/s | env steps/s, no program | "
              "env steps/s, with the reference program |", "|---|---|---|---|---|"]
     calls, program_ms = [], []
@@ -252,8 +263,7 @@ def building_oracle(measured: dict[str, dict[str, Any]]) -> str:
 def building_throughput(measured: dict[str, dict[str, Any]]) -> str:
     """``bench/procgen.py``'s building families: instances and reward evaluations a second."""
     d = measured["procgen"]
-    lines = [f"Measured: {machine(d)}; Python {d['python']}, {d['cores']} cores, pure Python "
-             f"(`bench/measured/procgen.json`); medians of {d['repeats']} runs.", "",
+    lines = [f"{measured_on(d, 'procgen')} Medians of {d['repeats']} runs.", "",
              "| id (default level) | train instances/s | reward evaluations/s (the oracle's commands simulated and "
              "scored) |", "|---|---|---|"]
     lines += [f"| `building/{family}-v0` | {b['instances_per_s']:,.0f} | {b['rewards_per_s']:,.0f} |"
@@ -270,9 +280,8 @@ ITERATION_SHAPES = {"magrpo": "MAGRPO (2 agents, 1 problem x G=4, 48 tokens)",
 def iterations(measured: dict[str, dict[str, Any]]) -> str:
     """``bench/iterations.py``: seconds an iteration of each learner before the rollout engine and now."""
     d = measured["iterations"]
-    lines = [f"Measured: {machine(d)} (`bench/measured/iterations.json`); before = {d['before']} (its float32 "
-             f"default), after in {d['machine']['dtype']}; {d['iterations']} iterations a run, {d['rounds']} "
-             "round(s), medians.", "",
+    lines = [f"{measured_on(d, 'iterations')} Before = {d['before']} (its float32 default), after in "
+             f"{d['machine']['dtype']}; {d['iterations']} iterations a run, {d['rounds']} round(s), medians.", "",
              f"| learner | before ({d['before']}) | after | speedup | peak RSS before -> after | rollout share after |",
              "|---|---|---|---|---|---|"]
     for learner, label in ITERATION_SHAPES.items():
