@@ -64,7 +64,7 @@ instructions): none writes attention out. The written-out attention's cheap back
 matter: in float32 the masked kernel's forward and backward together were as fast or faster at every
 length ``bench/attention_training.py`` measured (64-1024 positions, on AVX-512 and on AVX2 kernels:
 ``bench/measured/attention_training*.json``), and its memory is linear in the length. Whole training
-passes of the embedded model in float32 were 1.06-1.08x faster with it, on both kernel sets
+passes of the embedded model in float32 were 1.06-1.10x faster with it, on both kernel sets
 (``bench/measured/attention_passes_f32*.json``)."""
 
 SPAN_ATTENTION_MIN_LENGTH = 256
