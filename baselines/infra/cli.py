@@ -14,6 +14,9 @@
     llm-envs eval [--env ID | --checkpoint RUN] [--num-problems N] [--num-samples n] [--k 1 5] [--device D]
                                        mean reward and components on the eval split; pass@k on coding
                                        and math envs (llm-envs eval --env math/gsm8k-v0 --num-samples 5)
+    llm-envs serve ID [--host H] [--port P] [--max-sessions N] [--import MODULE] [--make-kwargs JSON]
+                                       serve an env over OpenEnv (WebSocket sessions that survive a dropped
+                                       connection; docs/serving.md); needs the 'serve' extra
     llm-envs plot RUN_DIR_OR_JSONL [--output PNG]
                                        learning curves per reward component
     llm-envs report RUN_DIR [--output HTML]
@@ -305,6 +308,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from llm_envs.serve import serve
+
+    try:
+        make_kwargs = json.loads(args.make_kwargs)
+    except ValueError as err:
+        raise ValueError(f"--make-kwargs must be a JSON object: {err}") from err
+    if not isinstance(make_kwargs, dict):
+        raise ValueError(f"--make-kwargs must be a JSON object, got {args.make_kwargs!r}.")
+    if args.protocol is not None:
+        make_kwargs["protocol"] = args.protocol
+    print(f"llm-envs: serving {args.env_id} on http://{args.host}:{args.port} (WebSocket /ws; Ctrl-C or SIGTERM "
+          "stops it)", file=sys.stderr, flush=True)
+    serve(args.env_id, host=args.host, port=args.port, imports=args.imports, log_level=args.log_level,
+          max_sessions=args.max_sessions, resume_timeout_s=args.resume_timeout_s, idle_timeout_s=args.idle_timeout_s,
+          max_message_bytes=args.max_message_bytes, drain_timeout_s=args.drain_timeout_s, **make_kwargs)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from baselines.infra.report import write_report
 
@@ -360,6 +382,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the base model's dtype, e.g. bfloat16, float32 (default: bfloat16 on a GPU or a CPU with "
                         "native bf16, else float32)")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("serve", help="serve an env over OpenEnv (docs/serving.md; needs the 'serve' extra)")
+    p.add_argument("env_id", help="registered env id (llm-envs list)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s)")
+    p.add_argument("--max-sessions", type=int, default=64,
+                   help="sessions at once, connected or awaiting a resume; past it OpenEnv's capacity error "
+                        "(default: %(default)s)")
+    p.add_argument("--resume-timeout-s", type=float, default=60.0,
+                   help="how long a session whose connection dropped waits for a resume (default: %(default)s)")
+    p.add_argument("--idle-timeout-s", type=float, default=900.0,
+                   help="how long a connected socket may stay silent (default: %(default)s)")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 20,
+                   help="longest message read; longer ones get MESSAGE_TOO_LARGE (default: %(default)s)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM, how long steps in flight may take to finish (default: %(default)s)")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module first (one that registers tasks of your own); repeatable")
+    p.add_argument("--protocol", choices=["parallel", "sequential"], default=None,
+                   help="serve the env under this protocol (default: the id's)")
+    p.add_argument("--make-kwargs", default="{}", metavar="JSON",
+                   help='more arguments of llm_envs.make as a JSON object, e.g. \'{"max_new_tokens": 64}\'')
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (default: %(default)s)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plot", help="PNG learning curves per reward component from a run's metrics.jsonl")
     p.add_argument("path", help="run directory or metrics.jsonl")
