@@ -258,22 +258,7 @@ class LLMEnvCore(AgentTokenizers, Transcript, GlobalState, Observations, Actions
 
     def _build_spaces(self, V: int) -> tuple[spaces.Space, spaces.Space]:
         """(observation space, action space) of an agent whose vocabulary has V tokens."""
-        T, L = self.max_new_tokens, self.obs_length
-        token_mode = self.step_unit == "token"
-        parts: dict[str, spaces.Box] = {
-            "observation": spaces.Box(0, V - 1, (L,), np.int64),
-            "attention_mask": spaces.Box(0, 1, (L,), np.int8),
-        }
-        if token_mode:
-            parts["action_mask"] = spaces.Box(0, 1, (V,), np.int8)
-        obs_space: spaces.Space
-        if self.obs_format == "flat":
-            high = np.concatenate([np.full(L, V - 1, np.int64), np.ones(L + (V if token_mode else 0), np.int64)])
-            obs_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
-        else:
-            obs_space = spaces.Dict(parts)
-        act_space: spaces.Space = spaces.Discrete(V) if token_mode else spaces.Box(0, V - 1, (T,), np.int64)
-        return obs_space, act_space
+        return build_spaces(V, self.max_new_tokens, self.obs_length, self.step_unit, self.obs_format)
 
     # ----------------------------------------------------------------------------------- spaces
     def observation_space(self, agent: str) -> spaces.Space:
@@ -452,6 +437,28 @@ class LLMEnvCore(AgentTokenizers, Transcript, GlobalState, Observations, Actions
     def history(self) -> tuple[TurnRecord, ...]:
         """The finished turns of the current episode."""
         return tuple(self._history)
+
+
+def build_spaces(V: int, max_new_tokens: int, obs_length: int, step_unit: str,
+                 obs_format: str) -> tuple[spaces.Space, spaces.Space]:
+    """(observation space, action space) of an agent whose vocabulary has V tokens, by the env's settings (the
+    module docstring); the remote env (:mod:`llm_envs.remote`) builds its spaces with it too."""
+    T, L = max_new_tokens, obs_length
+    token_mode = step_unit == "token"
+    parts: dict[str, spaces.Box] = {
+        "observation": spaces.Box(0, V - 1, (L,), np.int64),
+        "attention_mask": spaces.Box(0, 1, (L,), np.int8),
+    }
+    if token_mode:
+        parts["action_mask"] = spaces.Box(0, 1, (V,), np.int8)
+    obs_space: spaces.Space
+    if obs_format == "flat":
+        high = np.concatenate([np.full(L, V - 1, np.int64), np.ones(L + (V if token_mode else 0), np.int64)])
+        obs_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
+    else:
+        obs_space = spaces.Dict(parts)
+    act_space: spaces.Space = spaces.Discrete(V) if token_mode else spaces.Box(0, V - 1, (T,), np.int64)
+    return obs_space, act_space
 
 
 def _copy_space(space: spaces.Space) -> spaces.Space:

@@ -139,6 +139,17 @@ def context_text(parts: Prompt) -> str:
     return "".join(p if isinstance(p, str) else p.text for p in parts)
 
 
+def build_state_space(S: int, V: int, obs_format: str) -> spaces.Space:
+    """The state's space: S positions of ids below V and their mask (a Dict, or one flat int64 Box)."""
+    if obs_format == "flat":
+        high = np.concatenate([np.full(S, V - 1, np.int64), np.ones(S, np.int64)])
+        return spaces.Box(np.zeros_like(high), high, dtype=np.int64)
+    return spaces.Dict({
+        "observation": spaces.Box(0, V - 1, (S,), np.int64),
+        "attention_mask": spaces.Box(0, 1, (S,), np.int8),
+    })
+
+
 def state_length(max_prompt_tokens: int, max_new_tokens: int, num_roles: int) -> int:
     """S, the length of a state's ids (module docstring).
 
@@ -179,15 +190,8 @@ class GlobalState:
         """The space of :meth:`state`: the same object on every access (built on the first; a pickled or copied
         env builds its own, so that its S-long bounds do not travel with it)."""
         if self._state_space is None:
-            S, V = self.state_length, self._agent_tokens[self.possible_agents[0]].vocab_size
-            if self.obs_format == "flat":
-                high = np.concatenate([np.full(S, V - 1, np.int64), np.ones(S, np.int64)])
-                self._state_space = spaces.Box(np.zeros_like(high), high, dtype=np.int64)
-            else:
-                self._state_space = spaces.Dict({
-                    "observation": spaces.Box(0, V - 1, (S,), np.int64),
-                    "attention_mask": spaces.Box(0, 1, (S,), np.int8),
-                })
+            V = self._agent_tokens[self.possible_agents[0]].vocab_size
+            self._state_space = build_state_space(self.state_length, V, self.obs_format)
         return self._state_space
 
     def _reset_state(self) -> None:

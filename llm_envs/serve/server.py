@@ -161,6 +161,10 @@ class MultiAgentState(State):
         default_factory=list, description="each finished turn: outputs {agent: {text, ids}}, reward, components, "
         "agent_rewards, feedback, next_prompts, transition_s")
     transcript: list[list[str]] = Field(default_factory=list, description="(kind, role, text) lines")
+    transcript_text: str = Field(default="", description="env.transcript(): what render() shows")
+    problem: dict[str, Any] | None = Field(default=None, description="the current problem (env.problem)")
+    last_observation: dict[str, Any] | None = Field(
+        default=None, description="the last reset's or step's answer, as sent (a client resuming after a crash)")
 
 
 # ------------------------------------------------------------------------------------------------ the env
@@ -269,7 +273,8 @@ class ServedEnv(Environment):
                      team_reward: float | None) -> MultiAgentObservation:
         env = self.env
         if self.protocol == "parallel":
-            observations = {a: AgentObservation.model_construct(**encode_observation(env, a, o)) for a, o in obs.items()}
+            observations = {a: AgentObservation.model_construct(**encode_observation(env, a, o))
+                            for a, o in obs.items()}
             acting = list(obs)
             rewards = {a: float(rewards[a]) for a in acting} if rewards is not None else dict.fromkeys(acting, 0.0)
             terms = {a: bool(terms[a]) for a in acting} if terms is not None else dict.fromkeys(acting, False)
@@ -338,6 +343,9 @@ class ServedEnv(Environment):
             global_state=encode_state(env) if started else None,
             history=history,
             transcript=[list(line) for line in env._transcript] if started else [],
+            transcript_text=env.transcript() if started else "",
+            problem=json_value(env.problem) if started else None,
+            last_observation=_serialize(self._last) if self._last is not None else None,
         )
 
     def get_metadata(self) -> EnvironmentMetadata:
@@ -472,8 +480,8 @@ class LLMEnvServer(HTTPEnvServer):
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
-            expired = [sid for sid, s in list(self._extra.items())
-                       if s.socket is None and s.detached_at is not None and now - s.detached_at > self.resume_timeout_s]
+            expired = [sid for sid, s in list(self._extra.items()) if s.socket is None
+                       and s.detached_at is not None and now - s.detached_at > self.resume_timeout_s]
             for sid in expired:
                 log.info("session %s expired (detached for over %g s)", sid, self.resume_timeout_s)
                 await self.close_session(sid)
@@ -686,6 +694,7 @@ class LLMEnvServer(HTTPEnvServer):
 
 def _serialize(obs: Observation) -> dict[str, Any]:
     data = obs.model_dump(exclude={"reward", "done"})
+    data["observations"] = {a: {k: v for k, v in o.items() if v is not None} for a, o in data["observations"].items()}
     return {"observation": data, "reward": obs.reward, "done": obs.done, "metadata": obs.metadata}
 
 

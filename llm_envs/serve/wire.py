@@ -85,7 +85,7 @@ def decode_observation(spec: Mapping[str, Any], agent: str, wire: Mapping[str, A
     """The exact observation arrays (dtypes, padding, ``obs_format``) of ``agent`` from wire data and the spec."""
     L = spec["obs_length"]
     agent_spec = spec["agents"][agent]
-    if "observation" in wire:
+    if wire.get("observation") is not None:
         ids = np.asarray(wire["observation"], dtype=np.int64)
         mask = np.asarray(wire["attention_mask"], dtype=np.int8)
     else:
@@ -98,7 +98,7 @@ def decode_observation(spec: Mapping[str, Any], agent: str, wire: Mapping[str, A
             mask[L - n :] = 1
     parts: dict[str, np.ndarray] = {"observation": ids, "attention_mask": mask}
     if spec["step_unit"] == "token":
-        allowed = wire["action_mask"]
+        allowed = wire.get("action_mask", "all")
         V = agent_spec["vocab_size"]
         if allowed == "all":
             action_mask = np.ones(V, dtype=np.int8)

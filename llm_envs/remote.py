@@ -1,0 +1,571 @@
+"""A served env as a PettingZoo env again: ``connect(url)`` returns a ``ParallelEnv`` (or an ``AECEnv`` for a
+sequential id) whose every call goes to an ``llm-envs serve`` server (docs/serving.md), so PettingZoo clients,
+``make_vec`` and ``llm_envs.testing.check_env`` run against a remote env unchanged.
+
+=====================  ==============================================================================
+Spaces                 the served env's, rebuilt from ``GET /llm-envs/spec`` (the same objects on every
+                       call); observations are the exact arrays (int64 ids, int8 masks, left-padded)
+Actions                as the local env's: token ids (arrays, lists) or strings; the server's env
+                       checks them and its errors are raised here with the same type and message
+A dropped connection   reconnects to the same session (``/ws?session_id=``) until ``resume_timeout_s``
+                       and resends the request; a resent reset or step is answered from the one it
+                       repeats (its ``episode_id``, its ``step_index``), never applied twice
+Copies                 ``copy.deepcopy`` and pickling fork the session on the server (a new session at
+                       the same point of the same episode), so copies continue independently
+Tokenizers             ``tokenizer_of(agent)`` loads the agent's tokenizer here by the name the server
+                       gives (the embedded default needs nothing), or takes ``tokenizer=``
+=====================  ==============================================================================
+
+Needs ``websockets`` (``pip install 'llm-envs[remote]'``); the server needs the ``serve`` extra.
+
+    import llm_envs.remote
+    env = llm_envs.remote.connect("http://127.0.0.1:8000")   # llm-envs serve writing/xsum-v0
+    obs, infos = env.reset(seed=0)
+    obs, rewards, terms, truncs, infos = env.step({"brief": "A short summary.", "detailed": "A longer one."})
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from pettingzoo import AECEnv, ParallelEnv
+
+from llm_envs.core.base import build_spaces
+from llm_envs.core.state import build_state_space
+from llm_envs.core.task import Response, TurnRecord
+from llm_envs.serve.wire import (
+    ERROR_TYPES,
+    WIRE_VERSION,
+    decode_observation,
+    decode_state,
+    encode_action,
+)
+
+DEFAULT_TIMEOUT_S = 300.0
+"""How long a request may wait for its answer (a code env's step runs programs)."""
+RECONNECT_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class RemoteEnvError(RuntimeError):
+    """An error the server reported that is not the env's own (capacity, shutdown, an expired session, a message
+    the server could not read); ``code`` is the server's error code."""
+
+    def __init__(self, message: str, code: str | None = None, data: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.data = dict(data or {})
+
+
+class ConnectionLost(RemoteEnvError, ConnectionError):
+    """The connection dropped and the session could not be resumed within ``resume_timeout_s``."""
+
+
+def _http_base(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    if scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"url must be http(s)://host:port (or ws(s)://), got {url!r}.")
+    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/').removesuffix('/ws')}"
+
+
+def _get_json(url: str, timeout_s: float, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        detail = err.read().decode(errors="replace")
+        raise RemoteEnvError(f"{url} answered {err.code}: {detail}", code=str(err.code)) from err
+    except (urllib.error.URLError, OSError) as err:
+        raise ConnectionLost(f"Cannot reach {url}: {err}. Is `llm-envs serve ID` running there?") from err
+
+
+class _Channel:
+    """One session's WebSocket, reconnected to the same session after a drop."""
+
+    def __init__(self, base: str, *, session_id: str | None, timeout_s: float, resume_timeout_s: float) -> None:
+        self.base = base
+        self.session_id = session_id
+        self.timeout_s = timeout_s
+        self.resume_timeout_s = resume_timeout_s
+        self._ws: Any = None
+        self.reconnects = 0
+
+    def _ws_url(self) -> str:
+        ws = "wss" if self.base.startswith("https") else "ws"
+        url = f"{ws}://{self.base.split('://', 1)[1]}/ws"
+        return url if self.session_id is None else f"{url}?session_id={urllib.parse.quote(self.session_id)}"
+
+    def _open(self) -> None:
+        from websockets.sync.client import connect
+
+        self._ws = connect(self._ws_url(), open_timeout=self.timeout_s, max_size=None, compression=None)
+
+    def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one message, return the answer's ``data``; reconnect and resend after a dropped connection."""
+        from websockets.exceptions import ConnectionClosed
+
+        text = json.dumps(message, allow_nan=False)
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            try:
+                if self._ws is None:
+                    self._open()
+                self._ws.send(text)
+                answer = json.loads(self._ws.recv(timeout=self.timeout_s))
+                break
+            except (ConnectionClosed, OSError) as err:
+                self._drop()
+                if isinstance(err, TimeoutError):
+                    raise ConnectionLost(f"No answer to {message['type']!r} within {self.timeout_s:g} s.") from err
+                now = time.monotonic()
+                deadline = deadline or now + self.resume_timeout_s
+                if now >= deadline:
+                    raise ConnectionLost(
+                        f"Lost the connection to {self.base} and could not resume session {self.session_id} within "
+                        f"{self.resume_timeout_s:g} s: {err}") from err
+                time.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+                attempt += 1
+                self.reconnects += 1
+        kind, data = answer.get("type"), answer.get("data", {})
+        if kind == "error":
+            code = data.get("code")
+            text = data.get("message", "")
+            error_type = data.get("error_type")
+            if code in ("UNKNOWN_SESSION", "CAPACITY_REACHED", "SHUTTING_DOWN", "IDLE_TIMEOUT", "FACTORY_ERROR"):
+                self._drop()
+            if error_type in ERROR_TYPES:
+                raise getattr(builtins, error_type)(text)
+            raise RemoteEnvError(f"{text} ({code})", code=code, data=data)
+        return data
+
+    def drop_connection(self) -> None:
+        """Close the socket without closing the session (what a network fault does): the next request resumes."""
+        if self._ws is not None:
+            self._ws.close(code=4001, reason="client dropped the connection")
+        self._ws = None
+
+    def _drop(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.close()
+            except Exception:
+                pass
+        self._ws = None
+
+    def close(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.send(json.dumps({"type": "close"}))
+            except Exception:
+                pass
+            self._drop()
+
+
+class RemoteTask:
+    """What the remote env knows of its task: the spec's fields, and ``problems(split)`` read through OpenEnv's
+    task API (``POST /{name}/task``), one problem at a time."""
+
+    def __init__(self, base: str, name: str, spec: Mapping[str, Any], timeout_s: float) -> None:
+        self._base, self._name, self._timeout_s = base, name, timeout_s
+        self.name = spec["name"]
+        self.reward_components = tuple(spec["reward_components"])
+        self.min_reward = float(spec["min_reward"])
+        self.max_reward = float(spec["max_reward"])
+        self.max_turns = spec["max_turns"]
+        self.protocols = tuple(spec["protocols"])
+        self._counts = dict(spec["num_problems"])
+        self.roles = ()
+
+    def problems(self, split: str = "train") -> _RemoteProblems:
+        if split not in self._counts:
+            raise ValueError(f"split must be one of {sorted(self._counts)}, got {split!r}.")
+        return _RemoteProblems(self, split)
+
+    def render_turn(self, problem: Any, outputs: Mapping[str, str]) -> str | None:
+        return None  # the server renders the transcript (RemoteParallelEnv.transcript)
+
+    def _task(self, split: str, index: int) -> Any:
+        url = f"{self._base}/{self._name}/task"
+        return _get_json(url, self._timeout_s, {"split": split, "index": index})["task"]["problem"]
+
+
+class _RemoteProblems(Sequence):
+    def __init__(self, task: RemoteTask, split: str) -> None:
+        self._task, self._split = task, split
+
+    def __len__(self) -> int:
+        return self._task._counts[self._split]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"problem index {index} out of range for {len(self)} problems")
+        return self._task._task(self._split, index % len(self))
+
+
+class _RemoteCore:
+    """What both remote protocols share: the spec, the spaces, the channel, the tokenizers and the state."""
+
+    def _connect(self, url: str, *, tokenizer: Any, timeout_s: float, resume_timeout_s: float | None,
+                 session_id: str | None, render_mode: str | None, spec: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self._base = _http_base(url)
+        self._timeout_s = float(timeout_s)
+        spec = dict(spec) if spec is not None else _get_json(f"{self._base}/llm-envs/spec", self._timeout_s)
+        if spec.get("wire_version") != WIRE_VERSION:
+            raise RemoteEnvError(f"The server at {url} speaks wire version {spec.get('wire_version')}, this client "
+                                 f"{WIRE_VERSION}: install the same llm-envs version on both sides.")
+        self.spec = spec
+        self._resume_timeout_s = float(spec["resume_timeout_s"] if resume_timeout_s is None else resume_timeout_s)
+        self._channel = _Channel(self._base, session_id=session_id, timeout_s=self._timeout_s,
+                                 resume_timeout_s=self._resume_timeout_s)
+        self.env_id = spec["env_id"]
+        self.protocol = spec["protocol"]
+        self.possible_agents = list(spec["possible_agents"])
+        self.agents: list[str] = []
+        if render_mode is not None and render_mode not in ("ansi", "human"):
+            raise ValueError(f"render_mode must be 'ansi', 'human' or None, got {render_mode!r}.")
+        self.render_mode = render_mode if render_mode is not None else spec["render_mode"]
+        self.metadata = dict(spec["metadata"])
+        for key in ("obs_length", "state_length", "obs_format", "step_unit", "max_new_tokens", "max_prompt_tokens",
+                    "num_turns", "max_cycles"):
+            setattr(self, key, spec[key])
+        self.info_keys = tuple(spec["info_keys"])
+        self.task = RemoteTask(self._base, spec["env_id"].replace("/", "-"), spec["task"], self._timeout_s)
+        self.observation_spaces: dict[str, gymnasium.Space] = {}
+        self.action_spaces: dict[str, gymnasium.Space] = {}
+        for agent in self.possible_agents:
+            obs_space, act_space = build_spaces(spec["agents"][agent]["vocab_size"], self.max_new_tokens,
+                                                self.obs_length, self.step_unit, self.obs_format)
+            self.observation_spaces[agent], self.action_spaces[agent] = obs_space, act_space
+        self.state_space = build_state_space(self.state_length, spec["agents"][self.possible_agents[0]]["vocab_size"],
+                                             self.obs_format)
+        self._tokenizer_arg = tokenizer
+        self._tokenizers: dict[str, Any] = {}
+        self._wire_obs: dict[str, Any] = {}
+        self._state_cache: dict[str, Any] | None = None
+        self._started = False
+        self.episode_id: str | None = None
+        self.step_count = 0
+
+    # ------------------------------------------------------------------------------------ spaces and names
+    def observation_space(self, agent: str) -> gymnasium.Space:
+        self._check_agent_name(agent)
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> gymnasium.Space:
+        self._check_agent_name(agent)
+        return self.action_spaces[agent]
+
+    def _check_agent_name(self, agent: Any) -> None:
+        if agent not in self.observation_spaces:
+            raise KeyError(f"Unknown agent {agent!r}; this env's agents are {self.possible_agents}.")
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise RuntimeError("Call reset() before step() (or before reading observations and text).")
+
+    @property
+    def session_id(self) -> str | None:
+        """The server's id of this env's session (``/ws?session_id=`` resumes it)."""
+        return self._channel.session_id
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection was re-established after a drop."""
+        return self._channel.reconnects
+
+    # ------------------------------------------------------------------------------------ tokens
+    def tokenizer_of(self, agent: str) -> Any:
+        """The agent's tokenizer, loaded here: ``tokenizer=`` (one, or ``{agent: tokenizer}``), else the name the
+        server gives (the embedded default's needs no download)."""
+        self._check_agent_name(agent)
+        if agent not in self._tokenizers:
+            given = self._tokenizer_arg
+            if isinstance(given, Mapping):
+                given = given[agent]
+            if given is None or isinstance(given, str):
+                from llm_envs.tokenizers import load_tokenizer
+
+                name = given if given is not None else self.spec["agents"][agent]["tokenizer"]
+                if name is None:
+                    raise RuntimeError(f"The server's tokenizer of {agent!r} is an object, not a name: pass "
+                                       "tokenizer= to connect().")
+                given = load_tokenizer(name)
+            self._tokenizers[agent] = given
+        return self._tokenizers[agent]
+
+    @property
+    def state_tokenizer(self) -> Any:
+        return self.tokenizer_of(self.possible_agents[0])
+
+    def vocab_size_of(self, agent: str) -> int:
+        self._check_agent_name(agent)
+        return int(self.spec["agents"][agent]["vocab_size"])
+
+    def pad_token_id_of(self, agent: str) -> int:
+        self._check_agent_name(agent)
+        return int(self.spec["agents"][agent]["pad_token_id"])
+
+    def stop_token_ids_of(self, agent: str) -> frozenset[int]:
+        self._check_agent_name(agent)
+        return frozenset(self.spec["agents"][agent]["stop_token_ids"])
+
+    def split_flat(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        arr = np.asarray(flat)
+        L = self.obs_length
+        out = {"observation": arr[..., :L], "attention_mask": arr[..., L : 2 * L]}
+        if self.step_unit == "token":
+            out["action_mask"] = arr[..., 2 * L :]
+        return out
+
+    def split_flat_state(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        arr = np.asarray(flat)
+        S = self.state_length
+        return {"observation": arr[..., :S], "attention_mask": arr[..., S:]}
+
+    # ------------------------------------------------------------------------------------ requests
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        return self._channel.request(message)
+
+    def _reset_request(self, seed: int | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"seed must be an int or None, got {seed!r}.")
+        episode_id = uuid.uuid4().hex
+        data: dict[str, Any] = {"episode_id": episode_id}
+        if seed is not None:
+            data["seed"] = int(seed)
+        if options:
+            data["options"] = {k: (int(v) if isinstance(v, np.integer) else v) for k, v in dict(options).items()}
+        answer = self._request({"type": "reset", "data": data})
+        self._channel.session_id = answer["observation"]["session_id"]
+        self._started = True
+        self.step_count = 0
+        self.episode_id = episode_id
+        return answer
+
+    def _step_request(self, actions: dict[str, Any]) -> dict[str, Any]:
+        data = {"actions": {agent: encode_action(a) for agent, a in actions.items()}, "step_index": self.step_count}
+        answer = self._request({"type": "step", "data": data})
+        self.step_count += 1
+        return answer
+
+    def _take(self, answer: Mapping[str, Any]) -> dict[str, Any]:
+        obs = answer["observation"]
+        self._wire_obs = dict(obs["observations"])
+        self._state_cache = None
+        self.agents = list(obs["agents"])
+        return obs
+
+    def _decode(self, agent: str, wire: Mapping[str, Any]) -> Any:
+        return decode_observation(self.spec, agent, wire)
+
+    def _wire_observation(self, agent: str) -> Mapping[str, Any]:
+        if agent not in self._wire_obs:
+            data = self._request({"type": "observe", "data": {"agent": agent}})
+            self._wire_obs[agent] = data["observation"]
+        return self._wire_obs[agent]
+
+    def _remote_state(self) -> dict[str, Any]:
+        if self._state_cache is None:
+            self._state_cache = self._request({"type": "state", "data": {}})
+        return self._state_cache
+
+    # ------------------------------------------------------------------------------------ what the env shows
+    def text(self, agent: str) -> str:
+        """The agent's current observation as text (as the served env's ``text(agent)``)."""
+        self._check_agent_name(agent)
+        self._require_started()
+        return self._wire_observation(agent)["text"]
+
+    def state(self) -> Any:
+        """The global state now (the served env's ``state()``), as the exact arrays."""
+        if not self._started:
+            raise RuntimeError("Call reset() before state(): the state is the current episode's problem and "
+                               "responses.")
+        return decode_state(self.spec, self._remote_state()["global_state"])
+
+    def state_text(self) -> str:
+        self.state()
+        return self._remote_state()["global_state"]["text"]
+
+    @property
+    def history(self) -> tuple[TurnRecord, ...]:
+        """The finished turns of the current episode (from the server's state)."""
+        if not self._started:
+            return ()
+        turns = []
+        for t in self._remote_state()["history"]:
+            outputs = {a: Response(ids=tuple(o["ids"]), text=o["text"], agent=a) for a, o in t["outputs"].items()}
+            turns.append(TurnRecord(outputs=outputs, reward=float(t["reward"]), components=dict(t["components"]),
+                                    agent_rewards=dict(t["agent_rewards"]), feedback=dict(t["feedback"]),
+                                    next_prompts=dict(t["next_prompts"]), transition_s=float(t["transition_s"])))
+        return tuple(turns)
+
+    @property
+    def problem(self) -> Mapping[str, Any]:
+        self._require_started()
+        return self._remote_state()["problem"]
+
+    def transcript(self) -> str:
+        """The episode so far as text (the served env's ``transcript()``)."""
+        if not self._started:
+            return ""
+        return self._remote_state()["transcript_text"]
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            gymnasium.logger.warn(
+                "You are calling render() without a render_mode; connect with render_mode='ansi' or 'human'.")
+            return None
+        if not self._started:
+            return "" if self.render_mode == "ansi" else None
+        text = self.transcript()
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text
+
+    def close(self) -> None:
+        """Close the session on the server (its env is freed) and the connection."""
+        self._channel.close()
+
+    def drop_connection(self) -> None:
+        """Drop the connection as a network fault would, keeping the session: the next call resumes it."""
+        self._channel.drop_connection()
+
+    # ------------------------------------------------------------------------------------ copies
+    def _fork_session(self) -> str | None:
+        if not self._started:
+            return None
+        return self._request({"type": "fork", "data": {}})["session_id"]
+
+    def _copy_state(self, session_id: str | None) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_channel", "_tokenizers", "_state_cache")}
+        state["_channel_args"] = (self._base, session_id, self._timeout_s, self._resume_timeout_s)
+        return state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self._copy_state(self._fork_session())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        base, session_id, timeout_s, resume_timeout_s = state.pop("_channel_args")
+        self.__dict__.update(state)
+        self._channel = _Channel(base, session_id=session_id, timeout_s=timeout_s, resume_timeout_s=resume_timeout_s)
+        self._tokenizers = {}
+        self._state_cache = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import copy
+
+        other = type(self).__new__(type(self))
+        other.__setstate__(copy.deepcopy(self._copy_state(self._fork_session()), memo))
+        return other
+
+    def __del__(self) -> None:
+        channel = self.__dict__.get("_channel")
+        if channel is not None and channel._ws is not None:
+            try:
+                channel.close()
+            except Exception:
+                pass
+
+    def _take_resumed(self) -> None:
+        """After ``connect(session_id=...)``: pick up the session's episode where it is."""
+        state = self._request({"type": "state", "data": {}})
+        self._started = bool(state["started"])
+        self.episode_id = state["episode_id"]
+        self.step_count = int(state["step_count"])
+        if state["last_observation"] is not None:
+            self._take(state["last_observation"])
+
+
+class RemoteParallelEnv(_RemoteCore, ParallelEnv):
+    """A served parallel env as a ``pettingzoo.ParallelEnv`` (the module docstring)."""
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        obs = self._take(self._reset_request(seed, options))
+        observations = {a: self._decode(a, w) for a, w in obs["observations"].items()}
+        return observations, {a: dict(i) for a, i in obs["infos"].items()}
+
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        self._require_started()
+        if not self.agents:
+            raise RuntimeError("The episode is over: call reset() before step().")
+        if not isinstance(actions, Mapping):
+            raise TypeError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}.")
+        obs = self._take(self._step_request(dict(actions)))
+        observations = {a: self._decode(a, w) for a, w in obs["observations"].items()}
+        return (observations, dict(obs["rewards"]), dict(obs["terminations"]), dict(obs["truncations"]),
+                {a: dict(i) for a, i in obs["infos"].items()})
+
+
+class RemoteAECEnv(_RemoteCore, AECEnv):
+    """A served sequential env as a ``pettingzoo.AECEnv`` (the module docstring)."""
+
+    def _take(self, answer: Mapping[str, Any]) -> dict[str, Any]:
+        obs = super()._take(answer)
+        self.agent_selection = obs["agent_selection"]
+        self.rewards = dict(obs["rewards"])
+        self._cumulative_rewards = dict(obs["cumulative_rewards"])
+        self.terminations = dict(obs["terminations"])
+        self.truncations = dict(obs["truncations"])
+        self.infos = {a: dict(i) for a, i in obs["infos"].items()}
+        return obs
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self._take(self._reset_request(seed, options))
+
+    def observe(self, agent: str) -> Any:
+        self._check_agent_name(agent)
+        self._require_started()
+        return self._decode(agent, self._wire_observation(agent))
+
+    def step(self, action: Any) -> None:
+        self._require_started()
+        if not self.agents:
+            raise RuntimeError("The episode is over: call reset() before step().")
+        self._take(self._step_request({self.agent_selection: action}))
+
+
+def connect(url: str, *, tokenizer: Any = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+            resume_timeout_s: float | None = None, session_id: str | None = None,
+            render_mode: str | None = None) -> RemoteParallelEnv | RemoteAECEnv:
+    """A PettingZoo env whose calls go to the server at ``url`` (``llm-envs serve ID``).
+
+    Args:
+        url: the server's address, ``http://127.0.0.1:8000``.
+        tokenizer: what ``tokenizer_of(agent)`` returns (one, or ``{agent: tokenizer}``; objects or names); by
+            default the tokenizer the server names, loaded here. Stepping needs none (text goes as text).
+        timeout_s: how long one request may wait for its answer.
+        resume_timeout_s: how long to keep reconnecting after a drop (default: the server's).
+        session_id: resume an existing session (another process's, after a crash) instead of starting one.
+        render_mode: ``"ansi"`` or ``"human"`` (default: the served env's).
+
+    Returns:
+        A :class:`RemoteParallelEnv` for a parallel env, a :class:`RemoteAECEnv` for a sequential one.
+    """
+    base = _http_base(url)
+    spec = _get_json(f"{base}/llm-envs/spec", float(timeout_s))
+    cls = RemoteParallelEnv if spec.get("protocol") == "parallel" else RemoteAECEnv
+    env = cls.__new__(cls)
+    env._connect(url, tokenizer=tokenizer, timeout_s=timeout_s, resume_timeout_s=resume_timeout_s,
+                 session_id=session_id, render_mode=render_mode, spec=spec)
+    if session_id is not None:
+        env._take_resumed()
+    return env
+
