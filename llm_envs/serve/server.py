@@ -163,6 +163,8 @@ class MultiAgentState(State):
     transcript: list[list[str]] = Field(default_factory=list, description="(kind, role, text) lines")
     transcript_text: str = Field(default="", description="env.transcript(): what render() shows")
     problem: dict[str, Any] | None = Field(default=None, description="the current problem (env.problem)")
+    problem_statement: str | None = Field(default=None, description="env.problem_statement(): the problem's "
+                                          "prompt the global state opens with")
     last_observation: dict[str, Any] | None = Field(
         default=None, description="the last reset's or step's answer, as sent (a client resuming after a crash)")
 
@@ -334,8 +336,8 @@ class ServedEnv(Environment):
             protocol=self.protocol,
             session_id=self.session_id,
             started=started,
-            split=env._split if started else None,
-            task_index=env._task_index if started else None,
+            split=env.task_split if started else None,
+            task_index=env.task_index if started else None,
             turn=len(env.history) if started else 0,
             num_turns=env.num_turns,
             agents=list(env.agents),
@@ -345,6 +347,7 @@ class ServedEnv(Environment):
             transcript=[list(line) for line in env._transcript] if started else [],
             transcript_text=env.transcript() if started else "",
             problem=json_value(env.problem) if started else None,
+            problem_statement=env.problem_statement() if started else None,
             last_observation=_serialize(self._last) if self._last is not None else None,
         )
 
