@@ -131,6 +131,22 @@ def test_manifest_parses_with_openenv_and_names_a_real_app():
     assert "openenv==0.10.0" in dockerfile and "llm-envs serve" in dockerfile
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["serve", "nope/x-v0"], "Unknown env id 'nope/x-v0'"),
+    (["serve", "writing/xsum-v0", "--make-kwargs", "[1]"], "--make-kwargs must be a JSON object"),
+    (["serve", "writing/xsum-v0", "--make-kwargs", "{bad"], "--make-kwargs must be a JSON object"),
+    (["serve", "writing/xsum-v0", "--max-sessions", "0"], "max_sessions must be an integer >= 1, got 0"),
+    (["serve", "writing/xsum-v0", "--resume-timeout-s", "-1"], "resume_timeout_s must be a positive number"),
+    (["serve", "writing/xsum-v0", "--make-kwargs", '{"max_new_tokens": 0}'], "max_new_tokens must be an integer"),
+])
+def test_the_command_line_refuses_bad_input_in_one_line(argv, expected, capsys):
+    from baselines.infra.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert expected in err and err.count("\n") == 0 and "serving" not in err
+
+
 # ------------------------------------------------------------------------------------------------ a whole episode
 def test_episode_over_the_socket_matches_the_local_env(xsum):
     import llm_envs

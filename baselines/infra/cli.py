@@ -319,9 +319,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--make-kwargs must be a JSON object, got {args.make_kwargs!r}.")
     if args.protocol is not None:
         make_kwargs["protocol"] = args.protocol
-    print(f"llm-envs: serving {args.env_id} on http://{args.host}:{args.port} (WebSocket /ws; Ctrl-C or SIGTERM "
-          "stops it)", file=sys.stderr, flush=True)
-    serve(args.env_id, host=args.host, port=args.port, imports=args.imports, log_level=args.log_level,
+    serve(args.env_id, announce=True, host=args.host, port=args.port, imports=args.imports, log_level=args.log_level,
           max_sessions=args.max_sessions, resume_timeout_s=args.resume_timeout_s, idle_timeout_s=args.idle_timeout_s,
           max_message_bytes=args.max_message_bytes, drain_timeout_s=args.drain_timeout_s, **make_kwargs)
     return 0

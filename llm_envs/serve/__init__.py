@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -38,12 +39,14 @@ def create_app(env_id: str, **kwargs: Any) -> Any:
 
 
 def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, imports: Sequence[str] = (),
-          log_level: str = "warning", ready: threading.Event | None = None, **kwargs: Any) -> None:
+          log_level: str = "warning", ready: threading.Event | None = None, announce: bool = False,
+          **kwargs: Any) -> None:
     """Serve ``env_id`` with uvicorn until SIGTERM or SIGINT.
 
     On the first signal the server drains: new resets and steps get ``SHUTTING_DOWN``, the steps in flight finish
     and are answered (for up to ``drain_timeout_s``), then uvicorn closes the sockets and exits. ``imports``
-    are modules imported first (a module that registers tasks of your own with ``llm_envs.register``).
+    are modules imported first (a module that registers tasks of your own with ``llm_envs.register``);
+    ``announce`` prints where it listens (on stderr) once the app is built.
     ``kwargs``: :func:`create_app`'s (``max_sessions=``, ``resume_timeout_s=``, make kwargs, ...).
     """
     _require_serving()
@@ -55,6 +58,9 @@ def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, imports: Se
         importlib.import_module(name)
     app = create_app(env_id, **kwargs)
     server_state = app.state.llm_env_server
+    if announce:
+        print(f"llm-envs: serving {env_id} on http://{host}:{port} (WebSocket /ws; Ctrl-C or SIGTERM stops it)",
+              file=sys.stderr, flush=True)
     max_bytes = server_state.max_message_bytes
 
     class _Server(uvicorn.Server):
