@@ -321,7 +321,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         make_kwargs["protocol"] = args.protocol
     serve(args.env_id, announce=True, host=args.host, port=args.port, imports=args.imports, log_level=args.log_level,
           max_sessions=args.max_sessions, resume_timeout_s=args.resume_timeout_s, idle_timeout_s=args.idle_timeout_s,
-          max_message_bytes=args.max_message_bytes, drain_timeout_s=args.drain_timeout_s, **make_kwargs)
+          max_message_bytes=args.max_message_bytes, drain_timeout_s=args.drain_timeout_s, replica=args.replica,
+          **make_kwargs)
     return 0
 
 
@@ -396,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest message read; longer ones get MESSAGE_TOO_LARGE (default: %(default)s)")
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long steps in flight may take to finish (default: %(default)s)")
+    p.add_argument("--replica", default=None,
+                   help="this replica's name, the prefix of its session ids, for a proxy in front of several "
+                        "(docs/serving.md, replicas)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module first (one that registers tasks of your own); repeatable")
     p.add_argument("--protocol", choices=["parallel", "sequential"], default=None,

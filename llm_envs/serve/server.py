@@ -34,6 +34,7 @@ import functools
 import json
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -406,7 +407,9 @@ class LLMEnvServer(HTTPEnvServer):
     def __init__(self, env_id: str, make_kwargs: dict[str, Any], *, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> None:
+                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, replica: str | None = None) -> None:
+        if replica is not None and not re.fullmatch(r"[A-Za-z0-9_]{1,32}", replica):
+            raise ValueError(f"replica must be 1-32 letters, digits or underscores, got {replica!r}.")
         for name, value in (("resume_timeout_s", resume_timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("drain_timeout_s", drain_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
@@ -425,6 +428,7 @@ class LLMEnvServer(HTTPEnvServer):
             state_cls=MultiAgentState,
         )
         self.env_id = env_id
+        self.replica = replica
         self.resume_timeout_s = float(resume_timeout_s)
         self.idle_timeout_s = float(idle_timeout_s)
         self.max_message_bytes = max_message_bytes
@@ -439,6 +443,8 @@ class LLMEnvServer(HTTPEnvServer):
     async def _new_session(self, env: ServedEnv | None = None) -> tuple[str, ServedEnv]:
         if env is None:
             session_id, env = await self._create_session()
+            if self.replica is not None:
+                session_id = await self._rename_session(session_id, f"{self.replica}-{session_id}")
         else:  # a fork: the copy takes a slot like any session
             async with self._session_lock:
                 if len(self._sessions) >= self._max_concurrent_envs:
@@ -448,7 +454,7 @@ class LLMEnvServer(HTTPEnvServer):
 
                 from openenv.core.env_server.types import SessionInfo
 
-                session_id = str(uuid.uuid4())
+                session_id = str(uuid.uuid4()) if self.replica is None else f"{self.replica}-{uuid.uuid4()}"
                 self._sessions[session_id] = env
                 self._session_executors[session_id] = ThreadPoolExecutor(max_workers=1)
                 now = time.time()
@@ -461,6 +467,16 @@ class LLMEnvServer(HTTPEnvServer):
                                                       "metadata": {**env._last.metadata, "session_id": session_id}})
         self._extra[session_id] = _Session()
         return session_id, env
+
+    async def _rename_session(self, old: str, new: str) -> str:
+        """Move OpenEnv's records of a session to another id (the replica's prefix: docs/serving.md, replicas)."""
+        async with self._session_lock:
+            for table in (self._sessions, self._session_executors, self._session_stacks, self._session_info):
+                if old in table:
+                    table[new] = table.pop(old)
+            if new in self._session_info:
+                self._session_info[new].session_id = new
+        return new
 
     def find_session(self, session_id: str | None = None, episode_id: str | None = None) -> str:
         """The live session of ``session_id`` or holding the episode ``episode_id``; KeyError if none."""
@@ -517,7 +533,7 @@ class LLMEnvServer(HTTPEnvServer):
 
         @app.get(SPEC_ROUTE, tags=["Environment Info"], summary="What a client rebuilds the env's spaces from")
         async def spec() -> dict[str, Any]:
-            return {**self.spec, "max_sessions": self._max_concurrent_envs,
+            return {**self.spec, "max_sessions": self._max_concurrent_envs, "replica": self.replica,
                     "resume_timeout_s": self.resume_timeout_s, "max_message_bytes": self.max_message_bytes}
 
         @app.get("/state", response_model=MultiAgentState, tags=["State Management"],
@@ -736,7 +752,7 @@ async def _env_error_response(request: Request, err: Exception) -> JSONResponse:
 def create_app(env_id: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
                resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-               **make_kwargs: Any) -> FastAPI:
+               replica: str | None = None, **make_kwargs: Any) -> FastAPI:
     """The OpenEnv app serving ``llm_envs.make(env_id, **make_kwargs)``, one env per WebSocket session.
 
     Args:
@@ -747,13 +763,15 @@ def create_app(env_id: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
         idle_timeout_s: how long a connected socket may stay silent before its session is closed.
         max_message_bytes: the longest message read; a longer one gets ``MESSAGE_TOO_LARGE``.
         drain_timeout_s: on SIGTERM (:func:`serve`), how long steps in flight may take to finish.
+        replica: this replica's name, the prefix of its session ids (``r1-...``), so that a proxy in front of
+            several replicas sends a resumed connection (``/ws?session_id=r1-...``) to the replica that holds it.
         **make_kwargs: arguments of ``llm_envs.make`` (``protocol=``, ``max_new_tokens=``, ...).
 
     The app's ``state.llm_env_server`` is the :class:`LLMEnvServer`.
     """
     server = LLMEnvServer(env_id, make_kwargs, max_sessions=max_sessions, resume_timeout_s=resume_timeout_s,
                           idle_timeout_s=idle_timeout_s, max_message_bytes=max_message_bytes,
-                          drain_timeout_s=drain_timeout_s)
+                          drain_timeout_s=drain_timeout_s, replica=replica)
     app = FastAPI(title=f"llm-envs: {env_id}", version=f"{llm_envs.__version__}+wire{WIRE_VERSION}",
                   description=f"The llm-envs env {env_id!r} served over OpenEnv: "
                               f"{server.probe.get_metadata().description}")
