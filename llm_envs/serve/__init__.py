@@ -38,17 +38,9 @@ def create_app(env_id: str, **kwargs: Any) -> Any:
     return _create_app(env_id, **kwargs)
 
 
-def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, imports: Sequence[str] = (),
-          log_level: str = "warning", ready: threading.Event | None = None, announce: bool = False,
-          **kwargs: Any) -> None:
-    """Serve ``env_id`` with uvicorn until SIGTERM or SIGINT.
-
-    On the first signal the server drains: new resets and steps get ``SHUTTING_DOWN``, the steps in flight finish
-    and are answered (for up to ``drain_timeout_s``), then uvicorn closes the sockets and exits. ``imports``
-    are modules imported first (a module that registers tasks of your own with ``llm_envs.register``);
-    ``announce`` prints where it listens (on stderr) once the app is built.
-    ``kwargs``: :func:`create_app`'s (``max_sessions=``, ``resume_timeout_s=``, make kwargs, ...).
-    """
+def _server(env_id: str, *, host: str, port: int, imports: Sequence[str], log_level: str, announce: bool,
+            **kwargs: Any) -> Any:
+    """The uvicorn server of ``env_id``'s app, its first SIGTERM draining (:func:`serve`)."""
     _require_serving()
     import importlib
 
@@ -85,16 +77,66 @@ def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, imports: Se
     # connection stays) unless it is larger still.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, ws_max_size=max(16 * max_bytes, 1 << 24),
                             ws="websockets-sansio", timeout_graceful_shutdown=5)
-    server = _Server(config)
-    if ready is not None:
-        original = server.startup
-
-        async def startup(sockets: Any = None) -> None:
-            await original(sockets=sockets)
-            ready.set()
-
-        server.startup = startup  # type: ignore[method-assign]
-    server.run()
+    return _Server(config)
 
 
-__all__ = ["OPENENV_VERSION", "create_app", "serve"]
+def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, imports: Sequence[str] = (),
+          log_level: str = "warning", announce: bool = False, **kwargs: Any) -> None:
+    """Serve ``env_id`` with uvicorn until SIGTERM or SIGINT.
+
+    On the first SIGTERM the server drains: new resets and steps get ``SHUTTING_DOWN``, the steps in flight finish
+    and are answered (for up to ``drain_timeout_s``), then uvicorn closes the sockets and exits. ``imports``
+    are modules imported first (a module that registers tasks of your own with ``llm_envs.register``);
+    ``announce`` prints where it listens (on stderr) once the app is built.
+    ``kwargs``: :func:`create_app`'s (``max_sessions=``, ``resume_timeout_s=``, make kwargs, ...).
+    """
+    _server(env_id, host=host, port=port, imports=imports, log_level=log_level, announce=announce, **kwargs).run()
+
+
+class Background:
+    """A server running in a thread of this process (:func:`background`): ``url``, ``port`` and ``close()``."""
+
+    def __init__(self, server: Any, thread: threading.Thread, host: str, port: int) -> None:
+        self._server, self._thread = server, thread
+        self.host, self.port = host, port
+        self.url = f"http://{host}:{port}"
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the server: its sockets close, its sessions and their envs are freed."""
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> Background:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def background(env_id: str, *, host: str = "127.0.0.1", port: int = 0, start_timeout_s: float = 60.0,
+               **kwargs: Any) -> Background:
+    """Serve ``env_id`` from a thread of this process (a notebook, a test, an example): returns once it listens.
+    ``port=0`` takes a free port (``.port`` says which). Generated code still runs in the sandbox's processes.
+    ``kwargs``: :func:`serve`'s. Stop it with ``.close()`` or a ``with`` block."""
+    if port == 0:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+    server = _server(env_id, host=host, port=port, imports=kwargs.pop("imports", ()),
+                     log_level=kwargs.pop("log_level", "warning"), announce=False, **kwargs)
+    thread = threading.Thread(target=server.run, name=f"llm-envs serve {env_id}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"The server of {env_id} stopped before it listened on {host}:{port} (see its log).")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise TimeoutError(f"The server of {env_id} did not listen on {host}:{port} within {start_timeout_s:g} s.")
+        time.sleep(0.02)
+    return Background(server, thread, host, port)
+
+
+__all__ = ["OPENENV_VERSION", "Background", "background", "create_app", "serve"]
