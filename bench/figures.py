@@ -271,6 +271,65 @@ def building_throughput(measured: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def verdict(met: bool | None) -> str:
+    """A target's verdict as the docs print it."""
+    return "not measured" if met is None else "**met**" if met else "**NOT met**"
+
+
+def serve(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/serve.py``: served steps a second, a step's latency at p50 / p99 as the client sees it, the overhead
+    over the env's own step, the ratios to in-process and to a bare WebSocket echo, the server's peak memory, and
+    the fault run's dropped and lost episodes; then the targets' verdicts."""
+    d = measured["serve"]
+    lines = [f"{measured_on(d, 'serve')} One `llm-envs serve` process per env and one asyncio client process (a "
+             f"coroutine and a WebSocket session a session) on the same machine; timed runs of up to "
+             f"{d['seconds']:g} s or {d['episodes_per_session']} episodes a session, after an untimed episode a "
+             "session.", "",
+             "| env | sessions | steps/s | p50 | p99 | over the env's own step (p50) | of in-process steps/s | "
+             "of the echo limit | server peak RSS | dropped / lost episodes |", "|---" * 10 + "|"]
+    for r in d["runs"]:
+        rss = f"{r['server_peak_rss_mb']:.0f} MB"
+        if r.get("sandbox_peak_rss_mb"):
+            rss += f" (+{r['sandbox_peak_rss_mb']:.0f} MB sandbox)"
+        e = r["episodes"]
+        lines.append(f"| `{r['env']}` | {r['sessions']} | {r['steps_per_s']:,.1f} | {r['p50_ms']:.2f} ms | "
+                     f"{r['p99_ms']:.2f} ms | {r['overhead_ms_p50']:+.2f} ms | {r['ratio_to_in_process']:.2f}x | "
+                     f"{r['fraction_of_limit']:.2f} | {rss} | 0 / {e['lost']} of {e['started']} |")
+    f = d["fault"]
+    turns = f["make_kwargs"].get("num_turns")
+    lines.append(f"| `{f['env']}`, {turns} turns, {100 * f['drop_share']:.0f}% of episodes dropped | {f['sessions']} | "
+                 f"{f['steps_per_s']:,.1f} | {f['p50_ms']:.2f} ms | {f['p99_ms']:.2f} ms | | | | | "
+                 f"{f['episodes_dropped']} / {f['episodes']['lost']} of {f['episodes']['started']} |")
+    own = "; ".join(f"`{env}` {p['steps_per_s']:,.1f} steps/s, a step {p['step_p50_ms']:.2f} ms at p50 "
+                    f"({p['step_p99_ms']:.2f} ms at p99)" for env, p in d["in_process"].items())
+    sizes = "; ".join(f"`{env}` {b['step_request']:,} B -> {b['step_answer']:,} B a step, {b['reset_request']:,} B -> "
+                      f"{b['reset_answer']:,} B a reset" for env, b in d["message_bytes"].items())
+    t = d["targets"]
+    overhead = ", ".join(f"`{env}` {verdict(t['overhead_met'][env])} ({value:+.2f} ms)"
+                         for env, value in t["overhead_ms_p50"].items())
+    half = "" if t["half_rate_ratio"] is None else f" ({t['half_rate_ratio']:.2f}x)"
+    lost = "yes" if d["no_episode_lost"] else "NO"
+    children = ", ".join(str(r["sandbox_processes"]) for r in d["runs"] if r.get("sandbox_peak_rss_mb"))
+    lines += ["", "Server peak RSS: the server process's VmHWM after the run (the session counts run in turn on one "
+                  "server per env, so it is the peak so far); + sandbox: the sum of the VmHWM of its child processes "
+                  f"alive then (the sandbox's fork servers and their launchers: {children}), an upper bound. "
+                  "Over the env's own step: the served p50 less the in-process step's p50 (with more than one "
+                  "session, mostly the wait for the other sessions' steps)."]
+    lines += ["", f"In-process (the same episodes and actions through `llm_envs.make(ID).reset/step` in one process, "
+                  f"timed the same way): {own}. The echo limit: a bare WebSocket echo server (starlette under uvicorn, "
+                  f"the server's WebSocket implementation) answering each request with a recorded answer of the same "
+                  f"size ({sizes}), driven by the same client.",
+              "", f"Targets: serving overhead at p50 of at most {t['overhead_target_ms']:g} ms a step over the env's "
+                  f"own step, at one session: {overhead}; {t['half_rate_sessions']} sessions of `writing/xsum-v0` "
+                  f"reaching at least half the in-process step rate: {verdict(t['half_rate_met'])}{half}. Fault run "
+                  f"({f['episodes_dropped']} episodes whose connection was aborted once, after the reset's answer, "
+                  f"between steps or with a reset or step in flight, then resumed with `?session_id=` and the request "
+                  f"resent): {f['episodes']['finished']} of {f['episodes']['started']} episodes finished, "
+                  f"{f['rewards_mismatched']} of {f['rewards_compared']} with rewards other than the same episode's "
+                  f"in-process; no episode lost, in any run: **{lost}**."]
+    return "\n".join(lines)
+
+
 ITERATION_SHAPES = {"magrpo": "MAGRPO (2 agents, 1 problem x G=4, 48 tokens)",
                     "ppo": "PPO (`sentiment/imdb-v0`, 16 episodes, 4 epochs, 4-16 tokens)",
                     "cory": "CORY (the same settings, two agents)"}
@@ -347,6 +406,7 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any
     "procgen": ("docs/procgen.md", ("procgen",), procgen),
     "building-oracle": ("docs/building.md", ("procgen",), building_oracle),
     "building-throughput": ("docs/building.md", ("procgen",), building_throughput),
+    "serve": ("docs/serving.md", ("serve",), serve),
 }
 """name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
 

@@ -112,3 +112,25 @@ def test_the_pure_python_benches_render_their_own_figures(figures) -> None:
         assert f"| `building/{family}-v0` | {b['max_reward']:.1f} on all {b['eval_instances']} |" in oracle
     assert "zero credit: **yes**" in figures.sandbox({"sandbox": json.loads(
         (figures.MEASURED / "sandbox.json").read_text(encoding="utf-8"))})
+
+
+def test_the_serve_figure_is_what_its_json_says(figures) -> None:
+    """Hand-checked against bench/measured/serve.json: a row per (env, sessions) and the fault run's, the
+    overhead over the env's own step, and the targets' and the fault run's verdicts as the JSON has them."""
+    d = json.loads((figures.MEASURED / "serve.json").read_text(encoding="utf-8"))
+    text = figures.serve({"serve": d})
+    assert text.count("\n| `") == len(d["runs"]) + 1
+    for r in d["runs"]:
+        own = d["in_process"][r["env"]]["step_p50_ms"]
+        assert abs(r["overhead_ms_p50"] - (r["p50_ms"] - own)) < 1e-6
+        assert (f"| `{r['env']}` | {r['sessions']} | {r['steps_per_s']:,.1f} | {r['p50_ms']:.2f} ms | "
+                f"{r['p99_ms']:.2f} ms | {r['overhead_ms_p50']:+.2f} ms | {r['ratio_to_in_process']:.2f}x | "
+                f"{r['fraction_of_limit']:.2f} |") in text
+    f = d["fault"]
+    assert f"| {f['episodes_dropped']} / {f['episodes']['lost']} of {f['episodes']['started']} |" in text
+    t = d["targets"]
+    for env, met in t["overhead_met"].items():
+        assert f"`{env}` {'**met**' if met else '**NOT met**'} ({t['overhead_ms_p50'][env]:+.2f} ms)" in text
+    half = {True: "**met**", False: "**NOT met**", None: "not measured"}[t["half_rate_met"]]
+    assert f"reaching at least half the in-process step rate: {half}" in text
+    assert f"no episode lost, in any run: **{'yes' if d['no_episode_lost'] else 'NO'}**" in text

@@ -422,3 +422,42 @@ def test_generated_code_runs_in_the_sandbox_not_the_server(tmp_path):
             assert served.proc.pid == pid_before
         finally:
             ws.close()
+
+
+# ------------------------------------------------------------------------------------------------ the step cap
+def test_steps_run_at_most_max_concurrent_steps_at_once_whatever_the_sessions():
+    """A code env's step runs programs: the cap bounds how many run at once (and how many sandbox servers exist),
+    not the sessions. Four sessions step at once on a server capped at two; the task counts steps in its reward."""
+    import llm_envs
+    import llm_envs.remote
+    import llm_envs.serve
+    from llm_envs import TemplateTask
+
+    running_now, seen = [0], [0]
+    lock = threading.Lock()
+
+    def reward(problem, outputs):
+        with lock:
+            running_now[0] += 1
+            seen[0] = max(seen[0], running_now[0])
+        time.sleep(0.3)
+        with lock:
+            running_now[0] -= 1
+        return 1.0
+
+    llm_envs.register("mine/counted-v0", lambda: TemplateTask(("a",), [{"q": "x"}], {"a": "Say {q}."}, reward),
+                      max_new_tokens=8, max_prompt_tokens=64, replace=True)
+    with llm_envs.serve.background("mine/counted-v0", max_concurrent_steps=2) as server:
+        envs = [llm_envs.remote.connect(server.url) for _ in range(4)]
+        for env in envs:
+            env.reset(seed=0)
+        results: list = []
+        threads = [threading.Thread(target=lambda e=env: results.append(e.step({"a": "hi"})[1]["a"])) for env in envs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert results == [1.0] * 4
+        assert 1 <= seen[0] <= 2
+        for env in envs:
+            env.close()

@@ -322,6 +322,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     serve(args.env_id, announce=True, host=args.host, port=args.port, imports=args.imports, log_level=args.log_level,
           max_sessions=args.max_sessions, resume_timeout_s=args.resume_timeout_s, idle_timeout_s=args.idle_timeout_s,
           max_message_bytes=args.max_message_bytes, drain_timeout_s=args.drain_timeout_s, replica=args.replica,
+          **({} if args.max_concurrent_steps is None else {"max_concurrent_steps": args.max_concurrent_steps}),
           **make_kwargs)
     return 0
 
@@ -397,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest message read; longer ones get MESSAGE_TOO_LARGE (default: %(default)s)")
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long steps in flight may take to finish (default: %(default)s)")
+    p.add_argument("--max-concurrent-steps", type=int, default=None,
+                   help="resets and steps run at once, whatever the sessions (default: twice the cores); a code env "
+                        "runs at most that many programs")
     p.add_argument("--replica", default=None,
                    help="this replica's name, the prefix of its session ids, for a proxy in front of several "
                         "(docs/serving.md, replicas)")

@@ -34,6 +34,7 @@ import functools
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -79,6 +80,10 @@ stays well inside it)."""
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 20
 """The longest message the server reads; a longer one gets ``MESSAGE_TOO_LARGE`` (the session is unchanged)."""
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_MAX_CONCURRENT_STEPS = 2 * (os.cpu_count() or 1)
+"""Resets and steps that run at once, whatever the number of sessions: a code env's step runs programs in the
+sandbox, one fork server each, so without a cap 64 sessions would run 64 programs (and keep 64 servers) on 2 cores.
+Twice the cores keeps them busy while programs wait on their pipes; the others queue in order."""
 """How long SIGTERM waits for steps in flight before the server stops anyway."""
 RESET_KEYWORDS = ("seed", "episode_id", "task_index", "split", "options")
 SPEC_ROUTE = "/llm-envs/spec"
@@ -130,8 +135,9 @@ class MultiAgentObservation(Observation):
     agent_selection: str | None = Field(default=None, description="sequential envs: the agent to act next")
     observations: dict[str, AgentObservation] = Field(
         description="parallel: each agent the step returned an observation for; sequential: the agent to act")
-    rewards: dict[str, float] = Field(description="each agent's reward of this step")
-    cumulative_rewards: dict[str, float] = Field(
+    rewards: dict[str, float | int] = Field(description="each agent's reward of this step (an int 0 where "
+                                            "PettingZoo's own bookkeeping clears it: a done agent's step)")
+    cumulative_rewards: dict[str, float | int] = Field(
         default_factory=dict, description="sequential envs: PettingZoo's _cumulative_rewards (what last() returns)")
     terminations: dict[str, bool]
     truncations: dict[str, bool]
@@ -289,8 +295,9 @@ class ServedEnv(Environment):
             selection = env.agent_selection
             observations = ({selection: AgentObservation.model_construct(
                 **encode_observation(env, selection, env.observe(selection)))} if env.agents else {})
-            rewards = {a: float(r) for a, r in env.rewards.items()}
-            cumulative = {a: float(r) for a, r in env._cumulative_rewards.items()}
+            # As the env has them: PettingZoo's dead steps clear them to the int 0, which stays an int.
+            rewards = {a: r if type(r) is int else float(r) for a, r in env.rewards.items()}
+            cumulative = {a: r if type(r) is int else float(r) for a, r in env._cumulative_rewards.items()}
             terms = {a: bool(t) for a, t in env.terminations.items()}
             truncs = {a: bool(t) for a, t in env.truncations.items()}
             infos = env.infos
@@ -407,14 +414,16 @@ class LLMEnvServer(HTTPEnvServer):
     def __init__(self, env_id: str, make_kwargs: dict[str, Any], *, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, replica: str | None = None) -> None:
+                 drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S, replica: str | None = None,
+                 max_concurrent_steps: int = DEFAULT_MAX_CONCURRENT_STEPS) -> None:
         if replica is not None and not re.fullmatch(r"[A-Za-z0-9_]{1,32}", replica):
             raise ValueError(f"replica must be 1-32 letters, digits or underscores, got {replica!r}.")
         for name, value in (("resume_timeout_s", resume_timeout_s), ("idle_timeout_s", idle_timeout_s),
                             ("drain_timeout_s", drain_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
-        for name, value in (("max_sessions", max_sessions), ("max_message_bytes", max_message_bytes)):
+        for name, value in (("max_sessions", max_sessions), ("max_message_bytes", max_message_bytes),
+                            ("max_concurrent_steps", max_concurrent_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
         self.probe = ServedEnv(env_id, make_kwargs)  # an unknown id or a bad kwarg fails here, before serving
@@ -438,6 +447,8 @@ class LLMEnvServer(HTTPEnvServer):
         self._inflight_lock = threading.Lock()
         self.draining = False
         self._reaper: asyncio.Task | None = None
+        self.max_concurrent_steps = max_concurrent_steps
+        self._step_slots = asyncio.Semaphore(max_concurrent_steps)
 
     # -------------------------------------------------------------------------------- sessions
     async def _new_session(self, env: ServedEnv | None = None) -> tuple[str, ServedEnv]:
@@ -534,6 +545,7 @@ class LLMEnvServer(HTTPEnvServer):
         @app.get(SPEC_ROUTE, tags=["Environment Info"], summary="What a client rebuilds the env's spaces from")
         async def spec() -> dict[str, Any]:
             return {**self.spec, "max_sessions": self._max_concurrent_envs, "replica": self.replica,
+                "max_concurrent_steps": self.max_concurrent_steps,
                     "resume_timeout_s": self.resume_timeout_s, "max_message_bytes": self.max_message_bytes}
 
         @app.get("/state", response_model=MultiAgentState, tags=["State Management"],
@@ -674,11 +686,13 @@ class LLMEnvServer(HTTPEnvServer):
         try:
             async with extra.lock:
                 if kind == "reset":
-                    obs = await self._run_in_session_executor(sid, env.reset, **data)
+                    async with self._step_slots:
+                        obs = await self._run_in_session_executor(sid, env.reset, **data)
                     return {"type": "observation", "data": _serialize(obs)}
                 if kind == "step":
                     action = MultiAgentAction.model_validate(data)
-                    obs = await self._run_in_session_executor(sid, env.step, action)
+                    async with self._step_slots:
+                        obs = await self._run_in_session_executor(sid, env.step, action)
                     return {"type": "observation", "data": _serialize(obs)}
                 if kind == "state":
                     state = await self._run_in_session_executor(sid, lambda: env.state)
@@ -752,7 +766,8 @@ async def _env_error_response(request: Request, err: Exception) -> JSONResponse:
 def create_app(env_id: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
                resume_timeout_s: float = DEFAULT_RESUME_TIMEOUT_S, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
                max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
-               replica: str | None = None, **make_kwargs: Any) -> FastAPI:
+               replica: str | None = None, max_concurrent_steps: int = DEFAULT_MAX_CONCURRENT_STEPS,
+               **make_kwargs: Any) -> FastAPI:
     """The OpenEnv app serving ``llm_envs.make(env_id, **make_kwargs)``, one env per WebSocket session.
 
     Args:
@@ -765,13 +780,15 @@ def create_app(env_id: str, *, max_sessions: int = DEFAULT_MAX_SESSIONS,
         drain_timeout_s: on SIGTERM (:func:`serve`), how long steps in flight may take to finish.
         replica: this replica's name, the prefix of its session ids (``r1-...``), so that a proxy in front of
             several replicas sends a resumed connection (``/ws?session_id=r1-...``) to the replica that holds it.
+        max_concurrent_steps: resets and steps that run at once (:data:`DEFAULT_MAX_CONCURRENT_STEPS`: twice the
+            cores); the others wait their turn, so a code env runs that many programs at most.
         **make_kwargs: arguments of ``llm_envs.make`` (``protocol=``, ``max_new_tokens=``, ...).
 
     The app's ``state.llm_env_server`` is the :class:`LLMEnvServer`.
     """
     server = LLMEnvServer(env_id, make_kwargs, max_sessions=max_sessions, resume_timeout_s=resume_timeout_s,
                           idle_timeout_s=idle_timeout_s, max_message_bytes=max_message_bytes,
-                          drain_timeout_s=drain_timeout_s, replica=replica)
+                          drain_timeout_s=drain_timeout_s, replica=replica, max_concurrent_steps=max_concurrent_steps)
     app = FastAPI(title=f"llm-envs: {env_id}", version=f"{llm_envs.__version__}+wire{WIRE_VERSION}",
                   description=f"The llm-envs env {env_id!r} served over OpenEnv: "
                               f"{server.probe.get_metadata().description}")
