@@ -40,9 +40,10 @@ import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
+from llm_envs.core.agent_tokens import MixedTokenizersError
 from llm_envs.core.base import build_spaces
 from llm_envs.core.state import build_state_space
-from llm_envs.core.task import Response, TurnRecord
+from llm_envs.core.task import Response, Task, TurnRecord
 from llm_envs.serve.wire import (
     ERROR_TYPES,
     WIRE_VERSION,
@@ -68,6 +69,11 @@ class RemoteEnvError(RuntimeError):
 
 class ConnectionLost(RemoteEnvError, ConnectionError):
     """The connection dropped and the session could not be resumed within ``resume_timeout_s``."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _http_base(url: str) -> str:
@@ -110,7 +116,11 @@ class _Channel:
     def _open(self) -> None:
         from websockets.sync.client import connect
 
-        self._ws = connect(self._ws_url(), open_timeout=self.timeout_s, max_size=None, compression=None)
+        kwargs = {"open_timeout": self.timeout_s, "max_size": None, "compression": None}
+        try:  # a socket held across calls: websockets 17.1+ warns unless it is told so (legacy=True)
+            self._ws = connect(self._ws_url(), legacy=True, **kwargs)
+        except TypeError:  # 17.0 has no such flag, nor the warning
+            self._ws = connect(self._ws_url(), **kwargs)
 
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         """Send one message, return the answer's ``data``; reconnect and resend after a dropped connection."""
@@ -166,12 +176,22 @@ class _Channel:
         self._ws = None
 
     def close(self) -> None:
+        """Close the session on the server (its env is freed) and the socket. A session this channel holds but never
+        attached to (a copy's fork) is attached first, so that it does not wait out its resume timeout. A request
+        after it starts a new session (a reset first, as for a new env)."""
+        if self._ws is None and self.session_id is not None:
+            try:
+                self._open()
+            except Exception:
+                self.session_id = None
+                return
         if self._ws is not None:
             try:
                 self._ws.send(json.dumps({"type": "close"}))
             except Exception:
                 pass
             self._drop()
+        self.session_id = None
 
 
 class RemoteTask:
@@ -187,7 +207,10 @@ class RemoteTask:
         self.max_turns = spec["max_turns"]
         self.protocols = tuple(spec["protocols"])
         self._counts = dict(spec["num_problems"])
-        self.roles = ()
+        self.roles: tuple[str, ...] = ()
+
+    # The server's env scores each session's turns itself: a batch of remote envs has nothing to hand over at once.
+    prepare_rewards = Task.prepare_rewards
 
     def problems(self, split: str = "train") -> _RemoteProblems:
         if split not in self._counts:
@@ -217,8 +240,9 @@ class _RemoteProblems(Sequence):
         return self._task._task(self._split, index % len(self))
 
 
-class _RemoteCore:
-    """What both remote protocols share: the spec, the spaces, the channel, the tokenizers and the state."""
+class RemoteEnv:
+    """What both remote protocols share: the spec, the spaces, the channel, the tokenizers and the state.
+    ``isinstance(env, RemoteEnv)`` tells a remote env of either protocol."""
 
     def _connect(self, url: str, *, tokenizer: Any, timeout_s: float, resume_timeout_s: float | None,
                  session_id: str | None, render_mode: str | None, spec: Mapping[str, Any] | None = None) -> None:
@@ -246,6 +270,7 @@ class _RemoteCore:
             setattr(self, key, spec[key])
         self.info_keys = tuple(spec["info_keys"])
         self.task = RemoteTask(self._base, spec["env_id"].replace("/", "-"), spec["task"], self._timeout_s)
+        self.task.roles = tuple(self.possible_agents)
         self.observation_spaces: dict[str, gymnasium.Space] = {}
         self.action_spaces: dict[str, gymnasium.Space] = {}
         for agent in self.possible_agents:
@@ -313,6 +338,68 @@ class _RemoteCore:
     def state_tokenizer(self) -> Any:
         return self.tokenizer_of(self.possible_agents[0])
 
+    @property
+    def tokenizer(self) -> Any:
+        """The one tokenizer of every agent (loaded here, see :meth:`tokenizer_of`); on a team of tokenizers
+        :class:`~llm_envs.MixedTokenizersError`, as the local env: use :meth:`tokenizer_of`."""
+        if self.mixed_tokenizers:
+            raise MixedTokenizersError(f"The agents of env {self.env_id} have different tokenizers: use "
+                                       "env.tokenizer_of(agent) or env.tokenizers.")
+        return self.tokenizer_of(self.possible_agents[0])
+
+    def _shared_value(self, name: str) -> Any:
+        values = {agent: getattr(self, f"{name}_of")(agent) for agent in self.possible_agents}
+        if len(set(values.values())) > 1:
+            raise MixedTokenizersError(f"The agents of env {self.env_id} have different tokenizers, and their "
+                                       f"{name} differs ({values}): use env.{name}_of(agent).")
+        return values[self.possible_agents[0]]
+
+    @property
+    def vocab_size(self) -> int:
+        """V, when every agent has the same (else :class:`~llm_envs.MixedTokenizersError`)."""
+        return self._shared_value("vocab_size")
+
+    @property
+    def pad_token_id(self) -> int:
+        """The pad id, when every agent has the same."""
+        return self._shared_value("pad_token_id")
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The stop ids, when every agent has the same."""
+        return self._shared_value("stop_token_ids")
+
+    @property
+    def chat_template(self) -> bool:
+        """Whether prompts get the chat template, when that holds for every agent."""
+        return self._shared_value("chat_template")
+
+    @property
+    def tokenizers(self) -> dict[str, Any]:
+        """Each agent's tokenizer, ``{agent: tokenizer}`` (loaded here, see :meth:`tokenizer_of`)."""
+        return {agent: self.tokenizer_of(agent) for agent in self.possible_agents}
+
+    @property
+    def mixed_tokenizers(self) -> bool:
+        """Whether the agents have different tokenizers."""
+        return len({id(self.tokenizer_of(agent)) for agent in self.possible_agents}) > 1
+
+    def tokenizer_name_of(self, agent: str) -> str | None:
+        """The name or path :meth:`tokenizer_of` loads ``agent``'s tokenizer by; None where ``tokenizer=`` gave
+        an object (a pickled remote env holds such an object by value)."""
+        self._check_agent_name(agent)
+        given = self._tokenizer_arg
+        if isinstance(given, Mapping):
+            given = given[agent]
+        if given is None:
+            return self.spec["agents"][agent]["tokenizer"]
+        return given if isinstance(given, str) else None
+
+    def chat_template_of(self, agent: str) -> bool:
+        """Whether the served env renders ``agent``'s prompts with its tokenizer's chat template."""
+        self._check_agent_name(agent)
+        return bool(self.spec["agents"][agent]["chat_template"])
+
     def vocab_size_of(self, agent: str) -> int:
         self._check_agent_name(agent)
         return int(self.spec["agents"][agent]["vocab_size"])
@@ -337,6 +424,57 @@ class _RemoteCore:
         arr = np.asarray(flat)
         S = self.state_length
         return {"observation": arr[..., :S], "attention_mask": arr[..., S:]}
+
+    # ------------------------------------------------------------------------------------ actions
+    def action_mask(self, agent: str) -> np.ndarray:
+        """Token mode: the agent's legal tokens now, an int8 array of length V (as the served env's)."""
+        self._check_agent_name(agent)
+        if self.step_unit != "token":
+            raise RuntimeError("action_mask() exists in token mode only; serve the env with step_unit='token'.")
+        self._require_started()
+        obs = self._decode(agent, self._wire_observation(agent))
+        return (self.split_flat(obs) if self.obs_format == "flat" else obs)["action_mask"].copy()
+
+    def check_action(self, agent: str, action: Any) -> None:
+        """Validate one agent's action here, by the served env's rules (range, length, dtype, the action mask in
+        token mode), without sending it: a batch of remote envs (``llm_envs.core.vector``) checks every row before
+        any env steps. Raises the ``ValueError`` / ``TypeError`` the served env would; the server still checks
+        every action it gets."""
+        self._check_agent_name(agent)
+        self._require_started()
+        V, T = self.vocab_size_of(agent), self.max_new_tokens
+        if self.step_unit == "token":
+            if isinstance(action, np.ndarray) and action.ndim == 0 and np.issubdtype(action.dtype, np.integer):
+                action = int(action)
+            if not isinstance(action, (int, np.integer)) or isinstance(action, (bool, np.bool_)):
+                raise TypeError(f"Action of agent {agent!r} must be one token id (an int in [0, {V - 1}]) with "
+                                f"step_unit='token', got {type(action).__name__}: {_short(action)}.")
+            if not 0 <= int(action) < V:
+                raise ValueError(f"Action of agent {agent!r} is token id {int(action)}, out of range [0, {V - 1}].")
+            pad = self.pad_token_id_of(agent)
+            if int(action) != pad and self._wire_observation(agent).get("action_mask", "all") != "all":
+                raise ValueError(f"Agent {agent!r} is not composing a response now (it has finished this turn's "
+                                 "response or it is not its turn): its action mask allows only the pad id "
+                                 f"{pad}, got {int(action)}.")
+            return
+        if isinstance(action, str):
+            n = len(self.tokenizer_of(agent)(action, add_special_tokens=False)["input_ids"])
+            if n > T:
+                raise ValueError(f"Action of agent {agent!r}: the text is {n} tokens long, more than "
+                                 f"max_new_tokens={T}. Shorten it or make the env with a larger max_new_tokens.")
+            return
+        if action is None:
+            raise TypeError(f"Action of agent {agent!r} is None; a live agent must act with token ids or a string.")
+        arr = np.asarray(action)
+        if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"Action of agent {agent!r} must hold integer token ids (or be a str), got dtype "
+                            f"{arr.dtype}: {_short(action)}.")
+        if arr.ndim != 1 or arr.shape[0] > T:
+            raise ValueError(f"Action of agent {agent!r} must be a 1-D array of at most max_new_tokens={T} token "
+                             f"ids, got shape {arr.shape}.")
+        if arr.size and (arr.min() < 0 or arr.max() >= V):
+            bad = arr[(arr < 0) | (arr >= V)]
+            raise ValueError(f"Action of agent {agent!r} has token ids out of range [0, {V - 1}]: {bad[:5].tolist()}.")
 
     # ------------------------------------------------------------------------------------ requests
     def _request(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -417,9 +555,54 @@ class _RemoteCore:
         return tuple(turns)
 
     @property
+    def started(self) -> bool:
+        """Whether an episode has started (``reset()`` was called)."""
+        return self._started
+
+    @property
+    def task_split(self) -> str:
+        """The split of the current problem (``"train"`` before ``reset()``)."""
+        return self._remote_state()["split"] if self._started else "train"
+
+    @property
+    def task_index(self) -> int:
+        """The index of the current problem in its split (0 before ``reset()``)."""
+        return int(self._remote_state()["task_index"]) if self._started else 0
+
+    @property
     def problem(self) -> Mapping[str, Any]:
+        """The current problem, as the server sends it (JSON data; values JSON cannot carry as their ``repr``)."""
         self._require_started()
         return self._remote_state()["problem"]
+
+    def problem_statement(self) -> str:
+        """The problem's prompt the global state opens with (the served env's ``problem_statement()``)."""
+        if not self._started:
+            raise RuntimeError("Call reset() before state(): the state is the current episode's problem and "
+                               "responses.")
+        return self._remote_state()["problem_statement"]
+
+    def transcript_turns(self) -> list[dict[str, Any]]:
+        """The episode so far as data, one dict per turn (the served env's ``transcript_turns()``)."""
+        if not self._started:
+            return []
+        history = self.history
+        turns: list[dict[str, Any]] = []
+        prompts: dict[str, str] = {}
+        for kind, role, text in self._remote_state()["transcript"]:
+            if kind == "prompt":
+                prompts[role] = text
+            elif kind == "reward":
+                record = history[len(turns)]
+                turns.append({"prompts": prompts,
+                              "responses": {r: record.outputs[r].text for r in self.possible_agents},
+                              "reward": record.reward, "components": dict(record.components),
+                              "agent_rewards": dict(record.agent_rewards), "feedback": dict(record.feedback)})
+                prompts = {}
+        if prompts:
+            turns.append({"prompts": prompts, "responses": {}, "reward": None, "components": {}, "agent_rewards": {},
+                          "feedback": {}})
+        return turns
 
     def transcript(self) -> str:
         """The episode so far as text (the served env's ``transcript()``)."""
@@ -477,8 +660,10 @@ class _RemoteCore:
         return other
 
     def __del__(self) -> None:
+        # A remote env that is garbage collected frees its session on the server at once (a copy's fork included)
+        # instead of leaving it to its resume timeout; at interpreter exit anything may already be gone.
         channel = self.__dict__.get("_channel")
-        if channel is not None and channel._ws is not None:
+        if channel is not None and (channel._ws is not None or channel.session_id is not None):
             try:
                 channel.close()
             except Exception:
@@ -494,7 +679,7 @@ class _RemoteCore:
             self._take(state["last_observation"])
 
 
-class RemoteParallelEnv(_RemoteCore, ParallelEnv):
+class RemoteParallelEnv(RemoteEnv, ParallelEnv):
     """A served parallel env as a ``pettingzoo.ParallelEnv`` (the module docstring)."""
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
@@ -514,7 +699,7 @@ class RemoteParallelEnv(_RemoteCore, ParallelEnv):
                 {a: dict(i) for a, i in obs["infos"].items()})
 
 
-class RemoteAECEnv(_RemoteCore, AECEnv):
+class RemoteAECEnv(RemoteEnv, AECEnv):
     """A served sequential env as a ``pettingzoo.AECEnv`` (the module docstring)."""
 
     def _take(self, answer: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("openenv", reason="the server needs the 'serve' extra: pip install -e '.[serve]'")
-from serving import import_path_env, running, start_server  # noqa: E402
-from websockets.exceptions import ConnectionClosed  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
+from serving import import_path_env, running, start_server
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 XSUM_KWARGS = {"max_new_tokens": 16, "num_turns": 2}
 GOOD = {"brief": "A short summary of it.", "detailed": "A longer summary of the article, with more detail."}
@@ -88,8 +88,9 @@ def test_openenv_routes_answer(xsum):
 
 
 def test_task_api_counts_and_one_task(xsum):
-    import llm_envs
     from serving import Served
+
+    import llm_envs
 
     def post(served: Served, path: str, body: dict) -> dict:
         import urllib.request
@@ -100,7 +101,8 @@ def test_task_api_counts_and_one_task(xsum):
             return json.loads(response.read())
 
     local = llm_envs.make("writing/xsum-v0", **XSUM_KWARGS)
-    assert post(xsum, "/writing-xsum-v0/num_tasks", {"split": "eval"}) == {"num_tasks": len(local.task.problems("eval"))}
+    count = post(xsum, "/writing-xsum-v0/num_tasks", {"split": "eval"})
+    assert count == {"num_tasks": len(local.task.problems("eval"))}
     task = post(xsum, "/writing-xsum-v0/task", {"split": "train", "index": 5})["task"]
     assert task["problem"]["source"] == local.task.problems("train")[5]["source"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("openenv", reason="the server needs the 'serve' extra: pip install -e '.[serve]'")
-from serving import free_port, start_server  # noqa: E402
+from serving import free_port, start_server
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)

@@ -174,6 +174,12 @@ class AgentTokenizers:
         self._check_agent_name(agent)
         return self._agent_tokens[agent].handle.tokenizer
 
+    def tokenizer_name_of(self, agent: str) -> str | None:
+        """The name or path ``agent``'s tokenizer was given by (the embedded default's name), None where it was
+        given as an object (an env pickles a named tokenizer as its name, an object by value)."""
+        self._check_agent_name(agent)
+        return self._agent_tokens[agent].handle.spec
+
     def vocab_size_of(self, agent: str) -> int:
         """V of ``agent``: its observations' ids and its actions lie in ``[0, V-1]``."""
         self._check_agent_name(agent)

@@ -428,6 +428,21 @@ class LLMEnvCore(AgentTokenizers, Transcript, GlobalState, Observations, Actions
         """Nothing to release: the env holds no pools, files or models."""
 
     @property
+    def started(self) -> bool:
+        """Whether an episode has started (``reset()`` was called)."""
+        return self._started
+
+    @property
+    def task_split(self) -> str:
+        """The split of the current problem (``"train"`` or ``"eval"``; ``"train"`` before ``reset()``)."""
+        return self._split
+
+    @property
+    def task_index(self) -> int:
+        """The index of the current problem in its split (``infos["task_index"]``; 0 before ``reset()``)."""
+        return self._task_index
+
+    @property
     def problem(self) -> Problem:
         """The current problem (a read-only mapping from the task's data)."""
         self._require_started()

@@ -55,6 +55,9 @@ class ParallelLLMEnv(LLMEnvCore, ParallelEnv):
     """A task under the parallel protocol (a ``pettingzoo.ParallelEnv``). See the module docstring;
     the arguments are those of :class:`~llm_envs.core.base.LLMEnvCore`."""
 
+    protocol = "parallel"
+    """The protocol this env runs under (``llm_envs.remote`` envs have it too)."""
+
     def __init__(self, task: Task, **kwargs: Any) -> None:
         self._init_core(task, **kwargs)
         self.metadata = {

@@ -47,6 +47,9 @@ class SequentialLLMEnv(LLMEnvCore, AECEnv):
     """A task under the sequential protocol (a ``pettingzoo.AECEnv``). See the module docstring; the
     arguments are those of :class:`~llm_envs.core.base.LLMEnvCore`."""
 
+    protocol = "sequential"
+    """The protocol this env runs under (``llm_envs.remote`` envs have it too)."""
+
     def __init__(self, task: Task, **kwargs: Any) -> None:
         self._init_core(task, **kwargs)
         self.metadata = {

@@ -250,6 +250,12 @@ class GlobalState:
         return joint_context(self._problem_statement(), self.possible_agents, latest, len(self._history),
                              self.num_turns)
 
+    def problem_statement(self) -> str:
+        """The problem's prompt the state opens with (and the transitions get): the problem's ``"prompt"`` field
+        where it has a text one, else the first role's first prompt as text (no chat template)."""
+        self._require_state()
+        return self._problem_statement()
+
     def _problem_statement(self) -> str:
         from llm_envs import transitions
 

@@ -113,7 +113,8 @@ class _Batch:
             raise TypeError(
                 f"env must be an env id, a {self.env_class.__name__} or a factory, got {type(env).__name__}."
             )
-        if not isinstance(first, self.env_class):
+        # llm_envs' own envs, or an env of another kind that runs the protocol (llm_envs.remote's).
+        if not isinstance(first, self.env_class) and getattr(first, "protocol", None) != self.protocol:
             raise TypeError(f"{name} needs {self.protocol} llm_envs envs, got {type(first).__name__}.")
         self.envs = [first] + [copy.deepcopy(first) for _ in range(num_envs - 1)]
         self.num_envs = num_envs

@@ -179,7 +179,7 @@ def env_spec(env: Any) -> dict[str, Any]:
             "pad_token_id": int(env.pad_token_id_of(agent)),
             "stop_token_ids": sorted(int(t) for t in env.stop_token_ids_of(agent)),
             # The tokenizer's name or path (the embedded default's name), None where an object was passed.
-            "tokenizer": env._agent_tokens[agent].handle.spec,
+            "tokenizer": env.tokenizer_name_of(agent),
             "chat_template": bool(env.chat_template_of(agent)),
         }
     return {

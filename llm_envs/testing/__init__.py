@@ -70,9 +70,10 @@ def check_env(env_or_id: Any, *, checks: Any = None, skip: Any = (), raise_error
     env contract.
 
     Args:
-        env_or_id: a registered id (``"mine/echo-v0"``), or an env from ``llm_envs.make`` (or of a subclass
-            of its classes): it is deep-copied, never stepped itself; checks that need it rebuilt with other
-            arguments (token mode, more turns, the other protocol) are skipped.
+        env_or_id: a registered id (``"mine/echo-v0"``), an env from ``llm_envs.make`` (or of a subclass
+            of its classes), or a served env from ``llm_envs.remote.connect(url)``: an env is deep-copied (a
+            remote env's copies are forks of its session on the server), never stepped itself; checks that need
+            it rebuilt with other arguments (token mode, more turns, the other protocol) are skipped.
         checks: names of the checks to run (default: all of :data:`CHECKS`, in that order).
         skip: names of checks to leave out.
         raise_errors: raise the first failure's :class:`EnvCheckError` (its ``.report`` holds them all); with

@@ -8,17 +8,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from pettingzoo import AECEnv
 
-from llm_envs.core.sequential import SequentialLLMEnv
 from llm_envs.core.task import SPLITS
 from llm_envs.testing.episodes import (
     MOMENT_PARTS,
+    encode_text,
     error_text,
     first_difference,
     non_stop_id,
     play,
     problem_label,
     random_actions,
+    read_ids,
     reset_observe,
     short,
     step_turn,
@@ -100,7 +102,7 @@ def check_spaces(subject: Subject, protocol: str) -> None:
 
 
 def _state_fail(env: Any, detail: str, hint: str | None = None) -> EnvCheckError:
-    return EnvCheckError("state", detail, problem=problem_label(env), turn=len(env.history) if env._started else None,
+    return EnvCheckError("state", detail, problem=problem_label(env), turn=len(env.history) if env.started else None,
                          hint=hint)
 
 
@@ -146,11 +148,11 @@ def _check_state_content(env: Any, ids: np.ndarray, seen_turns: int | None) -> N
     if len(ids) == env.state_length:
         return
     first = env.possible_agents[0]
-    if seen_turns is None and not _contains(ids, env._encode_text(env._problem_statement(), first)):
+    if seen_turns is None and not _contains(ids, encode_text(env, env.problem_statement(), first)):
         raise _state_fail(env, "the state does not hold the problem's prompt (encoded with the state tokenizer)")
     if env.history and len(env.history) != seen_turns:
         for role, response in env.history[-1].outputs.items():
-            if not _contains(ids, list(env._response_ids_for(response, first))):
+            if not _contains(ids, read_ids(env, response, first)):
                 raise _state_fail(env, f"after turn {len(env.history)} the state does not hold the response of "
                                   f"{role!r} {short(response.text)}")
 
@@ -193,19 +195,22 @@ def _check_state(subject: Subject, protocol: str) -> list[str]:
     if env.state_space is not env.state_space:
         raise _state_fail(env, "state_space is a new object on each access",
                           "build it once (in __init__) and keep it in an attribute.")
-    try:
-        env.state()
-    except RuntimeError as err:
-        if "reset()" not in str(err):
-            raise _state_fail(env, f"state() before reset() raised a RuntimeError that does not say to call reset(): "
-                              f"{err}") from err
+    notes = []
+    if env.started:  # copies of an env object given mid-episode
+        notes.append(f"state() before reset() ({protocol}): the env given had started an episode")
     else:
-        raise _state_fail(env, "state() before reset() returned a state; it must raise a RuntimeError saying to call "
-                          "reset()")
+        try:
+            env.state()
+        except RuntimeError as err:
+            if "reset()" not in str(err):
+                raise _state_fail(env, "state() before reset() raised a RuntimeError that does not say to call "
+                                  f"reset(): {err}") from err
+        else:
+            raise _state_fail(env, "state() before reset() returned a state; it must raise a RuntimeError saying to "
+                              "call reset()")
     # A second episode with the same seed and actions in the other format: the same states (determinism), one
     # as the other's ids then mask (the formats agree). An env object that cannot be rebuilt plays its own format.
     states = _states_of_episode(env)
-    notes = []
     other_format = "dict" if env.obs_format == "flat" else "flat"
     try:
         other = _states_of_episode(subject.env(protocol, obs_format=other_format, **turns))
@@ -339,7 +344,7 @@ def check_options(subject: Subject) -> list[str] | None:
 def _fit_text(env: Any, agent: str, text: str, room: int) -> str:
     """``text`` cut (by words) to at most ``room`` tokens of the agent's tokenizer."""
     words = text.split(" ")
-    while words and len(env._encode_text(" ".join(words), agent)) > room:
+    while words and len(encode_text(env, " ".join(words), agent)) > room:
         words.pop()
     return " ".join(words)
 
@@ -358,7 +363,7 @@ def check_text_vs_ids(subject: Subject, protocol: str) -> None:
         texts[agent] = _fit_text(by_text, agent, SAMPLE_TEXTS[k % len(SAMPLE_TEXTS)], T - 1)
         stops = by_text.stop_token_ids_of(agent)
         tail = [min(stops), *[non_stop_id(by_text.vocab_size_of(agent), stops)] * T]  # junk after the stop id
-        own = by_text._encode_text(texts[agent], agent)
+        own = encode_text(by_text, texts[agent], agent)
         ids[agent] = np.array((own + tail)[:T], dtype=np.int64)
     results = []
     for env, actions in ((by_text, texts), (by_ids, ids)):
@@ -381,7 +386,7 @@ def check_text_vs_ids(subject: Subject, protocol: str) -> None:
 
 def _snapshot(env: Any) -> Any:
     aec = ()
-    if isinstance(env, SequentialLLMEnv):
+    if isinstance(env, AECEnv):
         aec = (env.agent_selection, dict(env.rewards), dict(env._cumulative_rewards))
     return (env.transcript(), env.history, list(env.agents), {a: env.text(a) for a in env.agents}, aec)
 

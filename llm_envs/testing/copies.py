@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from pettingzoo import ParallelEnv
 
-from llm_envs.core.parallel import ParallelLLMEnv
 from llm_envs.testing.episodes import (
     error_text,
     first_difference,
@@ -35,7 +35,7 @@ from llm_envs.testing.subject import MAX_PICKLE_BYTES, SEED, VECTOR_ENVS, Subjec
 @_each_protocol
 def check_render(subject: Subject, protocol: str) -> None:
     env = subject.env(protocol, render_mode="ansi", step_unit="response", **subject.turns(2))
-    if env.render() != "":
+    if not env.started and env.render() != "":  # (copies of an env object given mid-episode have started)
         raise EnvCheckError("render", f"render() before reset returned {short(env.render())}, expected ''")
     prompts: dict[str, list[str]] = {a: [] for a in env.possible_agents}
 
@@ -99,8 +99,9 @@ def check_copy(subject: Subject, protocol: str) -> None:
         raise EnvCheckError("copy", f"the env does not pickle or deep-copy: {error_text(err)}", hint=hint,
                             **where) from err
     # Tokenizers given as objects pickle by value (docs/env-contract.md, "Copying"): they are not the env's weight.
-    handles = {id(tokens.handle): tokens.handle for tokens in env._agent_tokens.values()}
-    own = len(blob) - sum(len(pickle.dumps(h)) for h in handles.values() if h.spec is None)
+    by_value = {id(tok): tok for agent in env.possible_agents if env.tokenizer_name_of(agent) is None
+                for tok in [env.tokenizer_of(agent)]}
+    own = len(blob) - sum(len(pickle.dumps(tok)) for tok in by_value.values())
     if own > MAX_PICKLE_BYTES:
         raise EnvCheckError("copy", f"a pickled env is {own:,} bytes besides its tokenizers (more than "
                             f"{MAX_PICKLE_BYTES:,})", **where)
@@ -153,7 +154,7 @@ def check_vector(subject: Subject, protocol: str) -> None:
         obs, rewards, _, _, infos = venv.step({a: np.stack([r[a] for r in rows]) for a in venv.agents})
         single = []
         for env, row in zip(singles, rows):
-            if isinstance(env, ParallelLLMEnv):
+            if isinstance(env, ParallelEnv):
                 o, r, _, _, inf = env.step(row)
             else:
                 env.step(row[env.agent_selection])

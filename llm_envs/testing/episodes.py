@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
+from pettingzoo import ParallelEnv
 
-from llm_envs.core.parallel import ParallelLLMEnv
+from llm_envs.core.task import Response
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:
@@ -117,7 +118,7 @@ def play(env: Any, seed: int | None, rng: np.random.Generator, options: Mapping[
         if on_moment is not None:
             on_moment(env, moment)
 
-    if isinstance(env, ParallelLLMEnv):
+    if isinstance(env, ParallelEnv):
         obs, infos = env.reset(seed=seed, options=options)
         record(_moment(env, None, False, obs, {}, {}, {}, infos))
         while env.agents:
@@ -148,7 +149,7 @@ MOMENT_PARTS = ("rewards", "terminations", "truncations", "infos", "observations
 
 def reset_observe(env: Any, seed: int | None = None, options: Mapping[str, Any] | None = None) -> tuple[dict, dict]:
     """(observations, infos) of every agent just after reset, for either protocol."""
-    if isinstance(env, ParallelLLMEnv):
+    if isinstance(env, ParallelEnv):
         return env.reset(seed=seed, options=options)
     env.reset(seed=seed, options=options)
     return {a: env.observe(a) for a in env.agents}, {a: dict(i) for a, i in env.infos.items()}
@@ -157,7 +158,7 @@ def reset_observe(env: Any, seed: int | None = None, options: Mapping[str, Any] 
 def step_turn(env: Any, actions: Mapping[str, Any]) -> tuple[dict, dict]:
     """The rest of a turn (from its start: every role's action) for either protocol: (rewards, infos) of
     every agent once it has resolved."""
-    if isinstance(env, ParallelLLMEnv):
+    if isinstance(env, ParallelEnv):
         _, rewards, _, _, infos = env.step(dict(actions))
         return rewards, infos
     finished = len(env.history)
@@ -167,9 +168,23 @@ def step_turn(env: Any, actions: Mapping[str, Any]) -> tuple[dict, dict]:
 
 
 def problem_label(env: Any) -> str | None:
-    if not env._started:
+    if not env.started:
         return None
-    return f"{env._split}[{env._task_index}] {short(dict(env.problem), 100)}"
+    return f"{env.task_split}[{env.task_index}] {short(dict(env.problem), 100)}"
+
+
+def encode_text(env: Any, text: str, agent: str) -> list[int]:
+    """``text`` as ``agent``'s token ids (its tokenizer, no special tokens): a str action's ids."""
+    return list(env.tokenizer_of(agent)(text, add_special_tokens=False)["input_ids"])
+
+
+def read_ids(env: Any, response: Response, reader: str) -> list[int]:
+    """A response as ``reader`` reads it in a prompt or the state: its own ids when its writer has the reader's
+    tokenizer, else its text encoded with the reader's (text is the interface between agents)."""
+    writer = response.agent
+    if writer is None or env.tokenizer_of(writer) is env.tokenizer_of(reader):
+        return list(response.ids)
+    return encode_text(env, response.text, reader) if response.text else []
 
 
 def short(value: Any, limit: int = 80) -> str:

@@ -71,6 +71,9 @@ def check_pettingzoo_parallel(subject: Subject) -> list[str] | None:
     from pettingzoo.test import parallel_api_test
 
     if "parallel" not in subject.protocols:
+        if "parallel" in subject.task.protocols:  # an env object of a task that runs both
+            raise CheckSkipped("the env given runs the sequential protocol: check its id (or an env of "
+                               "protocol='parallel') for the parallel one")
         raise CheckSkipped("the task runs under the sequential protocol only")
     overrides, cycles = _official_kwargs(subject, "parallel")
     _official("pettingzoo_parallel", "parallel_api_test",

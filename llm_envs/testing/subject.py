@@ -118,17 +118,21 @@ class Subject:
                        task=probe.task, user_kwargs=kwargs)
         if isinstance(env_or_id, Task):
             raise TypeError("check_env takes an env id or an env; for a Task object call check_task(task).")
-        if not isinstance(env_or_id, LLMEnvCore):
+        from llm_envs.remote import RemoteEnv
+
+        if not isinstance(env_or_id, (LLMEnvCore, RemoteEnv)):
             raise TypeError(
-                f"check_env takes a registered env id or an llm_envs env (llm_envs.make(...)), got "
-                f"{type(env_or_id).__name__}; register a task with llm_envs.register(...) to check it by id."
+                f"check_env takes a registered env id, an llm_envs env (llm_envs.make(...)) or a remote env "
+                f"(llm_envs.remote.connect(url)), got {type(env_or_id).__name__}; register a task with "
+                "llm_envs.register(...) to check it by id."
             )
         if make_kwargs:
             raise TypeError(f"make kwargs {sorted(make_kwargs)} apply to an env id only, not to an env object.")
+        # An env object is only ever copied (a remote env's copy is a fork of its session on the server).
         template = copy.deepcopy(env_or_id)
-        protocol = "parallel" if isinstance(env_or_id, ParallelLLMEnv) else "sequential"
-        return cls(f"{type(env_or_id).__name__}({env_or_id.env_id})", [protocol], None, task=env_or_id.task,
-                   user_kwargs={}, template=template)
+        name = f"{type(env_or_id).__name__}({env_or_id.env_id}"
+        name += f" at {env_or_id.url})" if isinstance(env_or_id, RemoteEnv) else ")"
+        return cls(name, [env_or_id.protocol], None, task=env_or_id.task, user_kwargs={}, template=template)
 
     @classmethod
     def of_task(cls, task: Task, make_kwargs: Mapping[str, Any]) -> Subject:
