@@ -379,3 +379,16 @@ def test_a_sequential_vector_env_of_remote_copies_steps_like_local(served: Any) 
         assert_same(f"step of {agent}", *(b.step(actions) for b in batches))
         assert batches[1].agents == batches[0].agents
     assert_same("states", *(b.state() for b in batches))
+
+
+def test_torchrl_pettingzoo_wrapper_rolls_out_on_a_served_env(served: Any) -> None:
+    """TorchRL's PettingZooWrapper (docs/marl-integration.md's recipe) on a remote env in token mode: its rollout
+    steps the server, the action masks travel, and the episode ends as a local one of the same length."""
+    torchrl_envs = pytest.importorskip("torchrl.envs", reason="needs the clients extra: pip install -e '.[clients]'")
+    local, remote = pair(served, "token")
+    env = torchrl_envs.PettingZooWrapper(remote, use_mask=True, categorical_actions=True, done_on_any=False)
+    rollout = env.rollout(3 * local.max_new_tokens)
+    assert rollout.batch_size[0] <= local.max_new_tokens + 1  # every agent's response ends within max_new_tokens
+    assert bool(rollout[-1]["next", "done"].all())
+    assert remote.history and len(remote.history) == 1  # the turn resolved on the server
+    remote.close()
