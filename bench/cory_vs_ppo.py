@@ -96,7 +96,8 @@ def plot(runs: dict[str, Path], out: Path, smoothing: int) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output-dir", default="runs/cory_vs_ppo", help="where the two runs go")
     parser.add_argument("--iterations", type=int, default=SETTINGS["num_iterations"])
@@ -106,6 +107,11 @@ def main() -> None:
     parser.add_argument("--plot-only", action="store_true", help="redraw and summarise the finished runs")
     parser.add_argument("--last", type=int, default=5, help="summarise the last N iterations")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     settings = {**SETTINGS, "num_iterations": args.iterations, "threads": args.threads, "output_dir": args.output_dir,
                 "device": args.device}

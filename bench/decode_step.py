@@ -138,7 +138,8 @@ def short_length(length: int) -> int:
     return min(8, length // 2)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     parser.add_argument("--dtype", default=None, help="float32 / bfloat16 (default: bfloat16 on a GPU, else auto)")
@@ -151,6 +152,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="kernels a static step launches and their summed device time (torch.profiler)")
     parser.add_argument("--no-baselines", action="store_true", help="skip the bare loop and per-agent generate")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.max_new_tokens < 2:
         parser.error(f"--max-new-tokens must be >= 2 (ms per step compares calls of two lengths), "

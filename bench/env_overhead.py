@@ -114,13 +114,19 @@ def run_baseline(env, episodes: int, rng: np.random.Generator) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--episodes", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--token-episodes", type=int, default=5, help="episodes per repeat in token mode")
     parser.add_argument("--ids", nargs="*", default=None, help="env ids (default: every registered id)")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
 
     results, skipped = {}, {}

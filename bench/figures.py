@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_page import replace_section
+from resultskit.page import replace_section
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "bench" / "measured"
@@ -429,9 +429,15 @@ def rendered(root: Path = ROOT) -> dict[str, str]:
     return docs
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; fail when a doc is stale")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     stale = []
     for doc, text in rendered().items():

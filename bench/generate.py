@@ -110,7 +110,8 @@ def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> fl
         return 1000 * (time.perf_counter() - start) / steps
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--samples", type=int, default=4)
@@ -119,6 +120,11 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
                         help="random weights of one of SmolLM2's shapes instead of the embedded model")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     device = resolve_device(args.device)
 

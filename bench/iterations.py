@@ -123,7 +123,8 @@ def median_of(records: list[dict], key: str) -> float:
     return round(statistics.median(statistics.median(r[key][1:]) for r in records), 2)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--learners", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--iterations", type=int, default=8)
@@ -133,6 +134,11 @@ def main() -> None:
     parser.add_argument("--before", default="commit", choices=["commit", "flags"],
                         help=f"commit: main before the engine ({BEFORE_COMMIT}, a temporary git worktree); "
                              "flags: today's code with generate, float32 and glibc's allocator defaults")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     import torch
 

@@ -151,7 +151,8 @@ def building(name: str, instances: int, eval_instances: int, repeats: int) -> di
             "max_reward": task.max_reward, "eval_instances": len(problems)}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--instances", type=int, default=2000, help="instances per run (fewer for slow families)")
     parser.add_argument("--episodes", type=int, default=200, help="env steps per run without the tool program")
@@ -160,6 +161,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--eval-instances", type=int, default=200, help="eval instances of the building families")
     parser.add_argument("--only", choices=["all", "building"], default="all",
                         help="building: only the building families (the others take minutes)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("instances", "episodes", "tool_episodes", "repeats", "eval_instances"):
         if getattr(args, name) < 1:

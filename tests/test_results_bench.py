@@ -376,7 +376,7 @@ def test_sweep_chooses_each_rate_on_validation_and_seed_0_is_the_sweep_record(
 def test_sweep_commands(results) -> None:
     """Every swept method at every rate: its own flags, the rate, the validation split; the centralised
     rows twice the pair's tokens (the prefilled one with --prefill)."""
-    comparisons = sys.modules["results_comparisons"]
+    comparisons = sys.modules["resultskit.comparisons"]
     names = [m.name for m in comparisons.COMPARISONS["sweep"]]
     assert len(names) == sum(len(r) for r in comparisons.SWEEP_RATES.values()) == 16
     for m in comparisons.COMPARISONS["sweep"]:
@@ -395,7 +395,7 @@ def test_coding_commands_and_its_own_sweep(results) -> None:
     """The coding comparison (issue #51): the untrained pairs through `llm-envs eval` on the parallel and
     sequential ids (no writing flag), each trained method swept on its own, its rate chosen from its own
     sweep records only (the writing sweep of a method of the same name is not read)."""
-    records, comparisons = sys.modules["results_records"], sys.modules["results_comparisons"]
+    records, comparisons = sys.modules["resultskit.records"], sys.modules["resultskit.comparisons"]
     coding = {m.name: m for m in comparisons.COMPARISONS["coding"]}
     assert set(coding) == {"untrained-parallel", "untrained-sequential", "single", "magrpo", "magrpo-2turn"}
     for name, env in (("untrained-parallel", "coding/humaneval-v0"),
@@ -465,7 +465,7 @@ def _record(method: str, seed: int, **fields) -> dict:
 
 
 def test_provenance_counts_unknown_apart_and_derives_the_sampler_from_git(results, tmp_path) -> None:
-    reading = sys.modules["results_provenance"]
+    reading = sys.modules["resultskit.provenance"]
     epyc = {"cpu": "AMD EPYC", "isa": ["avx2"], "dtype": "bfloat16", "threads": 1, "host": "a"}
     xeon = {**epyc, "cpu": "Intel Xeon", "host": "b"}
     one_and_unknown = [_record("ppo", 0, machine=epyc), _record("ppo", 1)]
@@ -514,6 +514,10 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
     record = records.make_record("magrpo", m, 0, ["eval", "--threads", "2"], '{"eval/total": 1.0}', 1.0, True, None,
                                  (0.0, 0.0), 1.0)
     assert record["commit"] == "abc+dirty" and record["diff"] == "--- a/x\n+++ b/x\n"
+    # What decides its evaluation's episodes, kept so that a later paired test can check its premise.
+    assert record["episodes"] == {"split": "eval", "first": 0, "seed": 0, **{
+        k: record["flags"][k] for k in ("num-eval-problems", "eval-greedy", "temperature", "top-p", "top-k",
+                                        "max-new-tokens", "max-source-words")}}
     assert record["machine"]["threads"] == 2 and len(record["machine"]["host"]) == 12
     monkeypatch.setattr(records, "_DIFF", [""])
     assert "diff" not in records.make_record("magrpo", m, 0, ["eval"], '{"eval/total": 1.0}', 1.0, True, None,
@@ -521,35 +525,37 @@ def test_a_record_of_a_dirty_tree_keeps_its_diff(results, monkeypatch) -> None:
 
 
 def test_a_reading_states_what_its_records_show(results) -> None:
-    """The reading of a comparison against a baseline is computed: the seeds on which A is above B, the
-    differences, and the verdict after Holm's correction over the section's comparisons."""
-    reading = sys.modules["results_significance"]
+    """The reading of a comparison against a baseline is computed: the declared test (paired on seeds A and
+    B share, the premise checked), the differences seed by seed, the intervals and the reading after the
+    one correction over the section's comparisons (the rules themselves: tests/test_results_rules.py)."""
+    reading = sys.modules["resultskit.significance"]
 
     def runs(name: str, totals: list[float]) -> list[dict]:
-        return [_record(name, seed, label=name, eval={"total": t}) for seed, t in enumerate(totals)]
+        return [_record(name, seed, label=name, eval={"total": t}, eval_before={"total": 1.0})
+                for seed, t in enumerate(totals)]
 
     records = runs("team", [2.0, 2.5, 3.0]) + runs("a", [1.0, 1.4, 2.1]) + runs("b", [2.1, 2.4, 2.9]) + runs("c", [0.5])
-    comparisons = reading.against("team", ["a", "b", "c"])
+    comparisons = reading.against("team", ["a", "b", "c"], test="paired")
     text = "\n".join(reading.against_baseline(records, comparisons))
-    # team - a = (1.0, 1.1, 0.9): paired t = 1.0 / (0.1 / sqrt 3) = 17.3 on 2 df, p = 0.0033; x2 (Holm, 2 tests).
+    # team - a = (1.0, 1.1, 0.9): paired t = 1.0 / (0.1 / sqrt 3) = 17.3 on 2 df, p = 0.0033; x2 (2 tests).
     tested = reading.family_tests(records, comparisons)
-    assert tested[0].paired.p == pytest.approx(1.0 - tested[0].paired.t / math.sqrt(2.0 + tested[0].paired.t**2))
-    assert tested[0].paired_holm == pytest.approx(2 * tested[0].paired.p)
+    assert tested[0].test.p == pytest.approx(1.0 - tested[0].test.t / math.sqrt(2.0 + tested[0].test.t**2))
+    assert tested[0].adjusted_p == pytest.approx(2 * tested[0].test.p)
     first = text.split("\n")[0]
-    assert "**team against a** (eval total)" in first and "all 3 shared seeds (A - B: 1.000 / 1.100 / 0.900)" in first
-    # The seeds' spread is wide but each seed's difference is steady: the paired test sees it, Welch's does not.
-    assert "significant at 0.05 by the paired test only" in first
-    assert "above it on 2 of 3 shared seeds" in text.split("\n")[1] and "not significant" in text.split("\n")[1]
-    assert "no test (fewer than two seeds a side, or no spread)" in text.split("\n")[2]
+    assert "**team above a** (eval total)" in first and "all 3 paired seeds (A - B: 1.000 / 1.100 / 0.900)" in first
+    assert "paired test: A - B 1.000" in first and first.endswith("**holds**.")
+    assert "above it on 2 of 3 paired seeds" in text.split("\n")[1] and "**inconclusive**" in text.split("\n")[1]
+    # c has one seed: the pairing's premise fails (other seeds), and no test either way.
+    assert "no test yet (3 + 1 seeds: a test needs two a side)" in text.split("\n")[2]
     table = "\n".join(reading.significance_table(records, comparisons))
-    assert "Holm's correction over the 2 paired and 2 Welch tests" in table  # c (one seed) has no test
+    assert "one Bonferroni correction over the 2 tests of this table" in table  # c (one seed) has no test
 
 
 def test_a_method_with_no_record_yet_is_named_by_its_own_comparisons_label(results) -> None:
     """Two comparisons name a method ``magrpo-2turn`` with different labels: a table row of the coding
     section for it, before any record exists, takes the coding comparison's label, not its name or the
     writing one's."""
-    values = sys.modules["results_values"]
+    values = sys.modules["resultskit.values"]
     coding = [{"comparison": "coding", "method": "single", "label": "one coder", "seed": 0}]
     assert values.method_label(coding, "single") == "one coder"
     assert values.method_label(coding, "magrpo-2turn") == "MAGRPO pair, 2 turns (tests' feedback)"

@@ -1,9 +1,10 @@
-"""bench/results_stats.py: the t distribution (regularized incomplete beta, no scipy) against closed forms
-and published critical values, the paired and Welch tests against values worked out by hand, Holm."""
+"""bench/resultskit/stats.py: the paired and Welch t-tests (scipy.stats) against values worked out by hand,
+their intervals, and the one correction over a section (Bonferroni) whose simultaneous intervals agree with
+its adjusted p values."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import sys
 from pathlib import Path
@@ -15,59 +16,60 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def stats():
-    spec = importlib.util.spec_from_file_location("bench_results_stats", ROOT / "bench" / "results_stats.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 1.53, 4.0, 40.0])
-def test_t_distribution_matches_its_closed_forms(stats, t: float) -> None:
-    # 1 degree of freedom is the Cauchy distribution, 2 has CDF 1/2 + t / (2 sqrt(2 + t^2)).
-    assert stats.t_two_sided_p(t, 1.0) == pytest.approx(1.0 - 2.0 * math.atan(t) / math.pi, abs=1e-12)
-    assert stats.t_two_sided_p(-t, 2.0) == pytest.approx(1.0 - t / math.sqrt(2.0 + t * t), abs=1e-12)
-
-
-@pytest.mark.parametrize(("t", "df", "p"), [
-    (12.706, 1, 0.05), (4.303, 2, 0.05), (2.776, 4, 0.05), (2.228, 10, 0.05), (2.042, 30, 0.05),
-    (9.925, 2, 0.01), (3.169, 10, 0.01), (1.812, 10, 0.10),
-])
-def test_t_distribution_matches_the_tables_critical_values(stats, t: float, df: int, p: float) -> None:
-    assert stats.t_two_sided_p(t, df) == pytest.approx(p, rel=2e-3)  # the tables round t to 3 decimals
-
-
-def test_incomplete_beta_symmetry_and_bounds(stats) -> None:
-    for a, b, x in [(0.5, 0.5, 0.2), (3.0, 0.5, 0.9), (10.0, 2.5, 0.7)]:
-        assert stats.incomplete_beta(a, b, x) == pytest.approx(1.0 - stats.incomplete_beta(b, a, 1.0 - x), abs=1e-12)
-    assert stats.incomplete_beta(0.5, 0.5, 0.5) == pytest.approx(0.5, abs=1e-12)  # arcsine distribution's median
-    with pytest.raises(ValueError, match="0 <= x <= 1, got a=1, b=1, x=1.5"):
-        stats.incomplete_beta(1, 1, 1.5)
+    sys.path.insert(0, str(ROOT / "bench"))
+    return importlib.import_module("resultskit.stats")
 
 
 def test_paired_and_welch_by_hand(stats) -> None:
     a, b = [1.0, 2.0, 3.5], [0.5, 1.9, 2.0]
     # d = (0.5, 0.1, 1.5): mean 0.7, var (0.04 + 0.36 + 0.64) / 2 = 0.52, t = 0.7 / sqrt(0.52 / 3), df 2.
     paired = stats.paired_t(a, b)
+    assert paired.kind == "paired" and paired.difference == pytest.approx(0.7)
     assert paired.t == pytest.approx(0.7 / math.sqrt(0.52 / 3)) and paired.df == 2.0
     assert paired.p == pytest.approx(1.0 - paired.t / math.sqrt(2.0 + paired.t**2))  # df 2's closed form
+    # The interval: 0.7 -/+ t_{0.975, 2} sd/sqrt(n), t_{0.975, 2} = 4.303 (the tables).
+    half = 4.302653 * math.sqrt(0.52 / 3)
+    assert (paired.low, paired.high) == pytest.approx((0.7 - half, 0.7 + half), rel=1e-6)
     # var(a) = 19/12, var(b) = 211/300: t = 0.7 / sqrt(19/36 + 211/900), Welch-Satterthwaite df 3.484.
     sa, sb = 19 / 36, 211 / 900
     welch = stats.welch_t(a, b)
-    assert welch.t == pytest.approx(0.7 / math.sqrt(sa + sb))
+    assert welch.kind == "welch" and welch.t == pytest.approx(0.7 / math.sqrt(sa + sb))
     assert welch.df == pytest.approx((sa + sb) ** 2 / (sa**2 / 2 + sb**2 / 2))
     assert 0.4 < welch.p < 0.5  # between the df-3 and df-4 tables' p for t = 0.80
-    # Too few values, a non-finite value or no spread: not defined, not a p of 0 or 1.
+    assert welch.low < 0.7 < welch.high and (welch.high - welch.low) > (paired.high - paired.low) / 2
+
+
+def test_undefined_tests_are_nan_not_a_p_of_0_or_1(stats) -> None:
     for test in (stats.paired_t([1.0], [0.0]), stats.welch_t([1.0, math.nan], [0.0, 1.0]),
                  stats.paired_t([1.0, 2.0], [0.0, 1.0]), stats.welch_t([1.0, 1.0], [2.0, 2.0])):
-        assert all(math.isnan(v) for v in test)
+        assert not test.defined and all(math.isnan(v) for v in (test.t, test.df, test.p, test.low, test.high))
     with pytest.raises(ValueError, match="as many values a side, got 2 and 3"):
         stats.paired_t([1.0, 2.0], [1.0, 2.0, 3.0])
 
 
-def test_holm(stats) -> None:
-    # Sorted 0.01, 0.03, 0.04: x3, x2, x1 = 0.03, 0.06, 0.04 -> running max 0.03, 0.06, 0.06.
-    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
-    adjusted = stats.holm([0.2, math.nan, 0.6])  # NaN is not a comparison: a family of 2
-    assert adjusted[0] == pytest.approx(0.4) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.6)
-    assert stats.holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+def test_the_interval_at_a_higher_confidence_is_wider(stats) -> None:
+    a, b = [2.0, 2.5, 3.0], [1.0, 1.4, 2.1]
+    narrow, wide = stats.welch_t(a, b, 0.95), stats.welch_t(a, b, stats.simultaneous_confidence(5))
+    assert wide.low < narrow.low < narrow.high < wide.high and wide.p == narrow.p
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_bonferroni_intervals_agree_with_the_adjusted_p(stats, m: int) -> None:
+    """A test's interval at 1 - 0.05 / m excludes 0 exactly when its p times m is below 0.05."""
+    for a, b in ([[2.0, 2.5, 3.0], [1.0, 1.4, 2.1]], [[1.0, 1.1, 1.3], [0.2, 0.3, 0.25]], [[1.0, 3.0], [0.0, 2.5]]):
+        for kind in ("paired", "welch"):
+            test = stats.t_test(kind, a, b, stats.simultaneous_confidence(m))
+            (adjusted,) = stats.bonferroni([test.p] + [0.5] * (m - 1))[:1]
+            assert (adjusted < 0.05) == (test.low > 0 or test.high < 0), (kind, a, b, m)
+
+
+def test_bonferroni(stats) -> None:
+    assert stats.bonferroni([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.12, 0.09])
+    adjusted = stats.bonferroni([0.2, math.nan, 0.6])  # NaN is not a test: a family of 2
+    assert adjusted[0] == pytest.approx(0.4) and math.isnan(adjusted[1]) and adjusted[2] == 1.0  # capped at 1
+    assert stats.simultaneous_confidence(4) == pytest.approx(0.9875)
+
+
+def test_no_hand_written_distribution_is_left(stats) -> None:
+    source = (ROOT / "bench" / "resultskit" / "stats.py").read_text(encoding="utf-8")
+    assert "incomplete_beta" not in source and "lgamma" not in source and "from scipy import stats" in source

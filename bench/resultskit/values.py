@@ -1,12 +1,13 @@
 """The values docs/results.md reads from its records, and how it writes them: a record's eval, validation
 and curve values, per method and seed, and their formatting (a non-finite value is marked, never dropped).
-The layer under :mod:`results_provenance`, :mod:`results_significance` and :mod:`results_reading`."""
+The layer under :mod:`provenance`, :mod:`significance` and :mod:`reading`."""
 
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from results_comparisons import COMPARISONS, LAST
+from .comparisons import COMPARISONS, LAST
+from .summary import fmt, last_mean, mean_std
 
 Record = dict[str, Any]
 
@@ -21,8 +22,6 @@ def v3(x: float, digits: int = 3) -> str:
 
 def ms(values: Sequence[float], digits: int = 3) -> str:
     """``mean ± std (n=N)`` of the values, a non-finite one counted beside n."""
-    from results_page import fmt, mean_std
-
     return fmt(*mean_std(values), digits=digits)
 
 
@@ -80,14 +79,28 @@ def seeds(records: Sequence[Record]) -> str:
 
 
 def ev(key: str = "total", split: str = "eval") -> Value:
-    """A record's ``split`` (``eval``, ``eval_before``, ``validation``) value of ``key`` (NaN if absent)."""
-    return lambda r: float(r.get(split, {}).get(key, math.nan))
+    """A record's ``split`` (``eval``, ``eval_before``, ``validation``) value of ``key`` (NaN if absent). An
+    ``eval`` value carries, as ``before``, the same value of the evaluation before training (the same
+    problems and sampling seed: what a paired test's premise check compares, :func:`before_of`).
+
+    >>> ev("total")({"eval": {"total": 2.0}}), before_of(ev("total"))({"eval_before": {"total": 1.0}})
+    (2.0, 1.0)
+    """
+    def value(r: Record) -> float:
+        return float(r.get(split, {}).get(key, math.nan))
+
+    if split == "eval":
+        value.before = ev(key, "eval_before")  # type: ignore[attr-defined]
+    return value
+
+
+def before_of(value: Value) -> Value | None:
+    """The before-training counterpart of a value (None: the value has none, e.g. a training curve's)."""
+    return getattr(value, "before", None)
 
 
 def final(model: str, key: str) -> Value:
     """The mean of a PPO / CORY curve's last iterations (``agent_<model>/<key>``), NaN when one is not finite."""
-    from results_page import last_mean
-
     return lambda r: last_mean(r["curve"][f"agent_{model}/{key}"], LAST)
 
 

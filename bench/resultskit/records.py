@@ -1,7 +1,7 @@
-"""The records of docs/results.md's comparisons (``results_comparisons.py``: their methods, settings and
+"""The records of docs/results.md's comparisons (``comparisons.py``: their methods, settings and
 commands): the record one method's run with one seed leaves (``<out>/<comparison>/<method>__s<seed>.json``),
 run, written, claimed by a sitting, loaded and listed when missing; the learning rate a sweep chose.
-``bench/results.py`` is the command line; ``bench/results_page.py`` turns the records into the page's
+``bench/results.py`` is the command line; ``bench/resultskit/page.py`` turns the records into the page's
 figures and tables."""
 
 
@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from results_comparisons import (
+from .comparisons import (
     COMPARISONS,
     FIXED_RATE,
     LAST,
@@ -33,7 +33,7 @@ from results_comparisons import (
     run_name,
     sweep_name,
 )
-from results_resume import LEGS, code_of, leg, newest_checkpoint_step, read_legs, resumable, totals
+from .resume import LEGS, code_of, leg, newest_checkpoint_step, read_legs, resumable, totals
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -142,6 +142,7 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "machine": run_machine(argv),
     }
+    record["episodes"] = episodes_of(record["flags"], seed)
     if _DIFF and _DIFF[0]:  # a dirty tree: the record keeps the uncommitted change it ran with
         record["diff"] = _DIFF[0]
     if m.learner == "eval":
@@ -163,6 +164,16 @@ def make_record(comparison: str, m: Method, seed: int, argv: list[str], stdout: 
             for model in m.models
         }
     return record
+
+
+def episodes_of(flags: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """What decides the episodes a record's evaluations play (before and after training): the eval split's
+    first ``problems`` problems, the sampling seed and settings, the source texts' cut. Two records whose
+    ``episodes`` differ are never paired (``significance.premise``); the sampler a commit used is read from
+    the record's ``commit``."""
+    keys = ("num-eval-problems", "eval-greedy", "temperature", "top-p", "top-k", "max-new-tokens", "max-source-words",
+            "num-turns")
+    return {"split": "eval", "first": 0, "seed": seed, **{k: flags[k] for k in keys if k in flags}}
 
 
 def run_machine(argv: Sequence[str]) -> dict[str, Any]:
@@ -192,7 +203,7 @@ def host_id() -> str:
 
 def machine_label(record: Mapping[str, Any]) -> str:
     """``CPU model (isa flags), dtype, host`` of a record; ``unknown`` for records written before runs named
-    it (never counted as a machine: ``results_provenance.provenance`` counts them apart)."""
+    it (never counted as a machine: ``provenance.provenance`` counts them apart)."""
     machine = record.get("machine")
     if not machine:
         return "unknown"
@@ -253,7 +264,7 @@ def run_records(comparison: str, *, seeds: Sequence[int], methods: Sequence[str]
 def _run_record(comparison: str, m: Method, seed: int, path: Path, *, quick: bool, runs_dir: Path,
                 model: str | None, threads: int | None) -> dict[str, Any]:
     """Run one record's command and write the record; ``{"record", "status"}`` if the run failed. A
-    training run an earlier sitting left with a checkpoint continues from it (``results_resume``)."""
+    training run an earlier sitting left with a checkpoint continues from it (``resume``)."""
     argv = command_of(m, comparison, seed, quick=quick, runs_dir=runs_dir, model=model, threads=threads)
     run_dir, log = run_paths(comparison, m, seed, runs_dir)
     command, code, host = shlex.join(argv), code_of(git_commit(), _DIFF[0] if _DIFF else ""), host_id()
@@ -371,7 +382,7 @@ def running_records(out: Path, comparison: str) -> dict[str, dict[str, Any]]:
 def resumable_records(out: Path, comparison: str, runs_dir: Path) -> dict[str, dict[str, Any]]:
     """The missing records of ``comparison`` that no live process runs and whose run directory an earlier
     sitting left with a checkpoint: record -> the ``step`` a ``run`` would continue from and the ``legs``
-    so far (``results_resume``: it continues only on the same command, code and host)."""
+    so far (``resume``: it continues only on the same command, code and host)."""
     found: dict[str, dict[str, Any]] = {}
     for name, seeds in missing_records(out, comparison).items():
         m = method(comparison, name)

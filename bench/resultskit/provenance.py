@@ -10,8 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from results_comparisons import ROOT
-from results_values import Record, ev, ms
+from .comparisons import ROOT
+from .values import Record, ev, ms
 
 
 def run_source(r: Record) -> str:

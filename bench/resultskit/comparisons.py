@@ -1,6 +1,6 @@
 """The comparisons of docs/results.md, chosen before they ran: each one's settings and learning-rate grid,
 its methods (learner, env, label, own flags), the seeds the page wants, and the ``llm-envs`` command that
-runs one method with one seed. ``results_records.py`` runs those commands and keeps their records."""
+runs one method with one seed. ``records.py`` runs those commands and keeps their records."""
 
 
 from collections.abc import Mapping
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 DEFAULT_SEEDS = (0, 1, 2)
@@ -117,7 +117,7 @@ QUICK = {
 }
 RUN_FLAGS = {"checkpoint-every": 1, "tensorboard": False, "progress": False, "samples-every": 0}
 """Flags of every training run (not part of the comparison): a checkpoint each iteration (the newest two
-kept), so a run a sitting leaves unfinished continues in the next (``results_resume``); no TensorBoard."""
+kept), so a run a sitting leaves unfinished continues in the next (``resume``); no TensorBoard."""
 LAST = 5
 """CORY comparison: final task reward and KL are the means over the last LAST iterations."""
 

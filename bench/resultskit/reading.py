@@ -1,14 +1,14 @@
 """What docs/results.md says about each section's records: the sentences of its reading, each computed
 from the records; where the records cannot support a claim, the function does not write it. Each
-section's comparisons (:data:`SECTION_TESTS`: its tests table, one family for Holm's correction) and
+section's comparisons (:data:`SECTION_TESTS`: its tests table, one family for the one correction) and
 its reading (:data:`READINGS`).
 
-The pieces a section's reading is made of live below it: :mod:`results_values` (a record's values,
-formatted), :mod:`results_provenance` (each run once, machines, samplers, the shared flags) and
-:mod:`results_significance` (the paired and Welch tests, Holm's correction, the verdicts). A new
-comparison's section reuses them: :func:`~results_significance.against` builds its "each method against a
+The pieces a section's reading is made of live below it: :mod:`values` (a record's values,
+formatted), :mod:`provenance` (each run once, machines, samplers, the shared flags) and
+:mod:`significance` (the declared tests, the premise of pairing, the one correction, the readings). A new
+comparison's section reuses them: :func:`~significance.against` builds its "each method against a
 baseline" comparisons (one entry of :data:`SECTION_TESTS` gives the section its tests table and, without a
-:data:`READINGS` entry of its own, the reading :func:`~results_significance.against_baseline`). The page
+:data:`READINGS` entry of its own, the reading :func:`~significance.against_baseline`). The page
 then needs the section's markers: ``<comparison>``, ``<comparison>-settings`` and ``<comparison>-reading``
 (``render`` names any that is missing)."""
 
@@ -16,11 +16,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from results_comparisons import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, method, sweep_name
-from results_provenance import distinct_runs
-from results_records import chosen_rate
-from results_significance import Comparison, against, against_baseline, direction, family_tests, verdict
-from results_values import (
+from .comparisons import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, method, sweep_name
+from .provenance import distinct_runs
+from .records import chosen_rate
+from .significance import Comparison, against, against_baseline, family_tests, reading_of
+from .summary import mean_std
+from .values import (
     Record,
     Value,
     cpu_line,
@@ -74,8 +75,6 @@ def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
             out.append(f"  Training batch joint reward, moving average of {smoothing}: " + "; ".join(parts) + ".")
         if untrained:
             u = [ev()(r) for r in untrained]
-            from results_page import mean_std
-
             spread = mean_std(u)
             if spread.std > 0:
                 out.append(f"  The untrained pair scores {ms(u)}: the trained pair's mean is "
@@ -140,7 +139,8 @@ def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
                    "length band for most texts.")
         if team:
             tested = next(t for t in family_tests(records, SECTION_TESTS["magrpo"]) if t.b == "single-reference")
-            out.append(f"  Against MAGRPO's {ms([ev()(r) for r in team])}: {verdict(tested)}. This baseline measures "
+            out.append(f"  Against MAGRPO's {ms([ev()(r) for r in team])}: {reading_of(tested)}. "
+                       "This baseline measures "
                        "one text cut at a fixed ratio more than a single model writing two parts; `strict` is the "
                        "comparison that asks for the format.")
     if turns:
@@ -169,16 +169,27 @@ def pioneer(r: Record) -> float:
     return float(r["eval"].get("sentiment_pioneer", r["eval"].get("sentiment", math.nan)))
 
 
+pioneer.before = lambda r: pioneer({"eval": r["eval_before"]})  # type: ignore[attr-defined]
+"""The pioneer's sentiment before training: CORY's pioneer reads PPO's prompt, so the two greedy evaluations
+before training are the same episodes (the premise of the paired test)."""
+
+
 def _per_model(model: str, key: str) -> Value:
     """CORY's ``model``'s final ``key``, PPO's one model's (``agent``) for a PPO record."""
     return lambda r: final(model if r["learner"] == "cory" else "agent", key)(r)
 
 
 CORY_TESTS: list[Comparison] = [
-    ("eval pioneer sentiment", "cory", "ppo", pioneer),
-    *[(f"{what} of CORY's {model} vs PPO's, last {LAST} it.", "cory", "ppo", _per_model(model, key))
-      for key, what in (("task_reward", "task reward"), ("kl", "KL")) for model in ("model_0", "model_1")],
+    Comparison("eval pioneer sentiment", "cory", "ppo", pioneer, "paired"),
+    # Training batches are not shared episodes (each learner samples its own responses): Welch's test; the
+    # paper's claim on KL is CORY's below PPO's.
+    *[Comparison(f"{what} of CORY's {model} vs PPO's, last {LAST} it.", "cory", "ppo", _per_model(model, key),
+                 "welch", claim)
+      for key, what, claim in (("task_reward", "task reward", 1), ("kl", "KL", -1))
+      for model in ("model_0", "model_1")],
 ]
+"""CORY against PPO, each comparison's test declared: the greedy eval of the pioneer paired (the same
+reviews, greedy, the same prompt before training), the training curves' last iterations by Welch's test."""
 
 
 def reading_cory(records: Sequence[Record]) -> list[str]:
@@ -417,14 +428,17 @@ one coder (no helper, so no aux levels) and the pair are scored by alike."""
 
 CODING_TESTS: list[Comparison] = [
     *(c for what, value in CODING_MEASURES
-      for c in against("magrpo", ["untrained-parallel", "untrained-sequential", "single"], what, value)),
-    *(("eval pass@1" if i == 0 else "eval tests", "magrpo-2turn", "magrpo", value)
-      for i, (_, value) in enumerate(CODING_MEASURES)),
+      for c in [*against("magrpo", ["untrained-parallel"], what, value, "paired"),
+                *against("magrpo", ["untrained-sequential", "single"], what, value, "welch")]),
+    *(Comparison(what, "magrpo-2turn", "magrpo", value, "welch") for what, value in CODING_MEASURES),
 ]
 
 
 """The paper's claims on code (issue #51): the MAGRPO pair above the untrained pairs and the one coder,
-and two turns with the tests' feedback above one turn; on each measure of :data:`CODING_MEASURES`."""
+and two turns with the tests' feedback above one turn; on each measure of :data:`CODING_MEASURES`. Paired
+against the untrained parallel pair (the same env, eval problems and sampling seed: the pair before
+training); by Welch's test against rows that play other episodes by design (the sequential protocol, the
+one coder's own env, the second turn's eval)."""
 
 
 def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: Path) -> list[str]:
@@ -458,26 +472,32 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
         out.append(line)
     for t in family_tests(records, CODING_TESTS):
         label_a, label_b = method("coding", t.a).label, method("coding", t.b).label
-        tail = (f"; {ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}, {verdict(t)}"
-                if t.values_a and t.values_b else "")
-        out.append(f"- **The paper's direction, {label_a} above {label_b}** ({t.what}): {direction(t)}{tail}.")
+        means = (f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}; "
+                 if t.values_a and t.values_b else "")
+        out.append(f"- **The paper's claim, {label_a} above {label_b}** ({t.what}): {means}{reading_of(t)}.")
     out.append("- **Not measured here:** the paper's discussion baseline (the agents exchange messages before "
                "writing), which this suite has no env for.")
     return out
 
 
 SECTION_TESTS: dict[str, list[Comparison]] = {
-    "magrpo": against("magrpo", ["untrained-parallel", "untrained-sequential", "single-reference", "single-strict",
-                                 "magrpo-2turn"]),
+    "magrpo": [*against("magrpo", ["untrained-parallel"], test="paired"),
+               *against("magrpo", ["untrained-sequential", "single-reference", "single-strict", "magrpo-2turn"],
+                        test="welch")],
     "cory": CORY_TESTS,
-    "preference": against("magrpo", ["centralized", "madpo"]),
-    "methods": against("magrpo", ["madpo-iterative", "madpo", "marlhf", "centralized-prefill", "centralized"]),
+    "preference": [*against("magrpo", ["centralized"], test="welch"), *against("magrpo", ["madpo"], test="paired")],
+    "methods": [*against("magrpo", ["madpo-iterative", "madpo", "marlhf"], test="paired"),
+                *against("magrpo", ["centralized-prefill", "centralized"], test="welch")],
     "coding": CODING_TESTS,
 }
 
 
-"""Each section's comparisons, tested in its table (one family for Holm's correction) and read by
-:func:`against_baseline`; a new section adds its entry (``against(baseline, others)``)."""
+"""Each section's comparisons, each with its declared test, tested in its table (one family for the
+section's one correction) and read by :func:`against_baseline`; a new section adds its entry
+(``against(baseline, others, test=...)``). Declared paired: rows of the same env and eval settings, whose
+untrained evaluations are the same episodes (the premise, checked on the records, can still send a
+comparison to Welch's test); declared Welch: rows that play other episodes by design (another protocol or
+env, the single agent's prompts, a second turn's eval, a centralised model's prompts)."""
 
 
 Records = Sequence[Record]
