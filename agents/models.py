@@ -33,7 +33,13 @@ from typing import Any
 
 import torch
 
-from llm_envs.tokenizers import DEFAULT_TOKENIZER, atomic_save_dir, default_model_dir, find_default_gguf
+from llm_envs.tokenizers import (
+    DEFAULT_TOKENIZER,
+    atomic_save_dir,
+    default_model_dir,
+    find_default_gguf,
+    hub_load_error,
+)
 
 DEFAULT_MODEL = DEFAULT_TOKENIZER
 """Name of the embedded default model (``None`` means the same)."""
@@ -373,9 +379,9 @@ def load_model(
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype_, **from_pretrained_kwargs)
     except OSError as err:
-        raise OSError(
-            f"Could not load model {path!r}: {err}\nPass a local directory, an HF model id reachable from "
-            f"this machine, or leave it unset for the embedded default ({DEFAULT_MODEL!r})."
+        raise hub_load_error(
+            "model", path, err, "Pass a local directory, an HF model id reachable from this machine, or leave it "
+            f"unset for the embedded default ({DEFAULT_MODEL!r})."
         ) from err
     if device_.type == "cpu" and Path(path).is_dir():
         read_weights_into(model, Path(path))

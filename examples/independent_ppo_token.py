@@ -232,7 +232,8 @@ def main(config: Config) -> dict[str, object]:
     return {"policies": policies, "metrics": history, "episode_returns": episode_returns}
 
 
-def parse_args(argv: Sequence[str] | None = None) -> Config:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
@@ -241,6 +242,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         else:
             kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
             parser.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = build_parser()
     return Config(**vars(parser.parse_args(argv)))
 
 

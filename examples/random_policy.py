@@ -65,7 +65,8 @@ def run(
     return returns
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env-id", default="writing/xsum-v0", help="a registered id (llm-envs list)")
     parser.add_argument("--episodes", type=int, default=3)
@@ -74,6 +75,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--obs-format", choices=["dict", "flat"], default="dict")
     parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, float]]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     return run(args.env_id, args.episodes, args.protocol, args.max_new_tokens, args.seed, args.obs_format)
 

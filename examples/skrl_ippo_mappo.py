@@ -179,10 +179,16 @@ def train(config: Config, env: Any, multi_agent: Any, models: dict[str, dict[str
     return {"env": env, "multi_agent": multi_agent, "models": models, "tracked": tracked, "losses": losses}
 
 
-def parse_args(argv: list[str] | None = None) -> Config:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for field in dataclasses.fields(Config):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    parser = build_parser()
     return Config(**vars(parser.parse_args(argv)))
 
 

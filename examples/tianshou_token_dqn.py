@@ -155,10 +155,16 @@ def train(config: Config, marl: MultiAgentOffPolicyAlgorithm, networks: dict[str
     return {"algorithm": marl, "networks": networks, "result": result, "collector": collector}
 
 
-def parse_args(argv: list[str] | None = None) -> Config:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for field in dataclasses.fields(Config):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    parser = build_parser()
     return Config(**vars(parser.parse_args(argv)))
 
 

@@ -162,11 +162,17 @@ def train_task(task: str, config: Config, output_dir: str) -> list[dict[str, flo
     return [dict(row) for row in trainer.state.log_history]
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, list[dict[str, float]]]:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, default in vars(Config()).items():
         kind = type(default) if default is not None else str
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=default)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, list[dict[str, float]]]:
+    parser = build_parser()
     config = Config(**vars(parser.parse_args(argv)))
     tasks = TASKS if config.task == "all" else (config.task,)
     histories = {}

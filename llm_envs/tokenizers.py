@@ -83,6 +83,46 @@ def atomic_save_dir(target: Path, save: Any, *, replace: bool = False) -> None:
         raise
 
 
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+"""The environment variables that forbid the Hugging Face libraries to download (huggingface_hub, transformers)."""
+
+
+def hub_offline() -> str | None:
+    """``NAME=value`` of the variable of :data:`OFFLINE_VARIABLES` that forbids downloads, or ``None``."""
+    for name in OFFLINE_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value.upper() in {"1", "ON", "YES", "TRUE"}:
+            return f"{name}={value}"
+    return None
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """Whether ``name`` reads as a hub repository id (``org/name`` or ``name``), not as a local path."""
+    if not name or name.startswith(("/", ".", "~")) or Path(name).exists():
+        return False
+    parts = name.split("/")
+    return len(parts) <= 2 and all(parts) and all(set(part) <= _REPO_CHARS for part in parts)
+
+
+_REPO_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def hub_load_error(what: str, name: str, err: BaseException, hint: str) -> OSError:
+    """The error of a failed ``from_pretrained(name)`` of ``what`` (model, tokenizer, ...): with the hub
+    forbidden (``HF_HUB_OFFLINE=1``) and ``name`` a hub id, one message that says so and what to do (the
+    libraries' own says to check the internet connection); otherwise ``err``'s message and ``hint``."""
+    offline = hub_offline()
+    if offline and looks_like_hub_id(name):
+        also = "" if offline.startswith("HF_HUB_OFFLINE") else " (as HF_HUB_OFFLINE=1 does)"
+        return OSError(
+            f"Could not load {what} {name!r}: it is not in the local Hugging Face cache and {offline} forbids "
+            f"downloading it{also}. On a machine that reaches the hub, download it (`hf download {name}`) and "
+            "copy the cache (~/.cache/huggingface/hub) or the model's directory here, or unset HF_HUB_OFFLINE "
+            f"where the hub is reachable. {hint}"
+        )
+    return OSError(f"Could not load {what} {name!r}: {err}\n{hint}")
+
+
 def _load_default_tokenizer() -> Any:
     tok_dir = default_model_dir() / "tokenizer"
     if not (tok_dir / "tokenizer_config.json").is_file():
@@ -121,9 +161,9 @@ def load_tokenizer(spec: Any = None) -> Any:
             try:
                 tok = AutoTokenizer.from_pretrained(key)
             except OSError as err:
-                raise OSError(
-                    f"Could not load tokenizer {key!r}: {err}\nPass a local path, a tokenizer object, or "
-                    f"leave tokenizer unset for the embedded default ({DEFAULT_TOKENIZER!r})."
+                raise hub_load_error(
+                    "tokenizer", key, err, "Pass a local path, a tokenizer object, or leave tokenizer unset for "
+                    f"the embedded default ({DEFAULT_TOKENIZER!r})."
                 ) from err
             tok.padding_side = "left"
         _CACHE[key] = tok

@@ -220,3 +220,27 @@ def classeval_row(index: int, name: str, skeleton: str, test: str, solution: str
 def classeval_rows() -> list[dict]:
     """100 rows in the schema of ``FudanSELab/ClassEval`` (split ``test``)."""
     return [classeval_row(i, *CLASSEVAL_TEMPLATES[i % len(CLASSEVAL_TEMPLATES)], suffix=str(i)) for i in range(100)]
+
+
+def build_parser():
+    """``python tests/hub_fixtures.py ENV_ID --output FILE.jsonl``: write the fixture of a hub-only env id
+    (docs/classeval.md trains on the ClassEval one, ``--data-path FILE.jsonl``); without ``--output``, to stdout."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the test fixture of a hub-only env id as a jsonl file.")
+    parser.add_argument("hub_id", metavar="ENV_ID", help="a hub-only env id, e.g. coding/classeval-v0")
+    parser.add_argument("--output", default=None, help="the jsonl file to write (default: stdout)")
+    return parser
+
+
+if __name__ == "__main__":
+    import sys
+
+    args = build_parser().parse_args()
+    rows = hub_fixture_rows(args.hub_id)
+    if rows is None:
+        raise SystemExit(f"{args.hub_id} needs no fixture (its data ships offline, or it is not a hub-only id)")
+    if args.output is None:
+        sys.stdout.writelines(json.dumps(row) + "\n" for row in rows)
+    else:
+        print(write_jsonl(Path(args.output), rows))

@@ -105,39 +105,55 @@ def learner_module(name: str) -> Any:
     return importlib.import_module(f"baselines.learners.{ALIASES.get(name, name)}")
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+class PresetError(SystemExit):
+    """A bad ``--preset`` (its one line already printed): exit status 2."""
+
+
+def parse_train_config(algo: str, rest: Sequence[str]) -> Any:
+    """The learner config that ``llm-envs train <algo> <rest...>`` trains with: ``--preset NAME`` applied,
+    then the flags parsed by tyro. Nothing is loaded or run (tests/test_docs_commands.py parses the docs'
+    command lines with it). Bad flags print one line on stderr and raise ``SystemExit(2)``, as argparse's
+    errors (a bad ``--preset``: :class:`PresetError`); ``--help`` prints the help and raises ``SystemExit(0)``."""
     import tyro
 
-    learner = learner_module(args.algo)
+    learner = learner_module(algo)
     presets = getattr(learner, "PRESETS", {})
-    rest = list(args.rest)
+    rest = list(rest)
     preset = None
     if "--preset" in rest:
         i = rest.index("--preset")
         if not presets:
-            print(f"{args.algo} has no presets; set its flags (llm-envs train {args.algo} --help)", file=sys.stderr)
-            return 2
+            print(f"{algo} has no presets; set its flags (llm-envs train {algo} --help)", file=sys.stderr)
+            raise PresetError(2)
         if i + 1 >= len(rest):
             print(f"--preset needs a name: one of {sorted(presets)}", file=sys.stderr)
-            return 2
+            raise PresetError(2)
         preset = rest[i + 1]
         del rest[i : i + 2]
     if preset is not None and preset not in presets:
         print(f"unknown preset {preset!r}; choose one of {sorted(presets)}", file=sys.stderr)
-        return 2
+        raise PresetError(2)
     default = learner.apply_preset(preset) if preset else learner.Config()
     description = (learner.__doc__ or "").split("\n\n")[0]
     if presets:
         description += f" Use --preset {{{', '.join(sorted(presets))}}} for named settings."
-    prog = f"llm-envs train {args.algo}"
+    prog = f"llm-envs train {algo}"
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            config = tyro.cli(learner.Config, args=rest, default=default, prog=prog, description=description)
+            return tyro.cli(learner.Config, args=rest, default=default, prog=prog, description=description)
     except SystemExit as exit_:
         if exit_.code:  # not --help: tyro's boxed message as one line, exit status 2 as argparse's errors
             print(f"{prog}: error: {tyro_error_line(captured.getvalue())} (see {prog} --help)", file=sys.stderr)
         raise
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    learner = learner_module(args.algo)
+    try:
+        config = parse_train_config(args.algo, args.rest)
+    except PresetError:  # printed its line
+        return 2
     try:
         result = learner.main(config)
     except KeyboardInterrupt:

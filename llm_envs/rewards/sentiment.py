@@ -120,9 +120,11 @@ def _load_classifier(path: str, device: str) -> tuple[Any, Any]:
                 tokenizer = AutoTokenizer.from_pretrained(path)
                 model = AutoModelForSequenceClassification.from_pretrained(path)
             except OSError as err:
-                raise OSError(
-                    f"Could not load the sentiment classifier {path!r}: {err}\nPass scorer='vader' for the "
-                    "offline scorer, or the local path of a saved sequence-classification model."
+                from llm_envs.tokenizers import hub_load_error
+
+                raise hub_load_error(
+                    "the sentiment classifier", path, err, "Pass scorer='vader' for the offline scorer, or the "
+                    "local path of a saved sequence-classification model."
                 ) from err
             model.to(device).eval()
             _CLASSIFIERS[key] = (tokenizer, model)
