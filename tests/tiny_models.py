@@ -65,3 +65,40 @@ def testing_device() -> Any:
 
 
 testing_device.__test__ = False  # not a test, though the test files that import it would collect it as one
+
+
+def teach_completions(model: Any, tokenizer: Any, prompts: Iterable[str], completions: Iterable[str], *,
+                      steps: int = 60, lr: float = 1e-2, seed: int = 0) -> float:
+    """Teacher-force ``model`` (in place, then back in eval mode) to answer each prompt text with its completion
+    text: Adam on the completion tokens' cross-entropy, every pair in each step (logits of the completions only).
+    What a random tiny model needs to emit a fixed format (a tool call) for a test; returns the last step's loss."""
+    import torch
+
+    torch.manual_seed(seed)
+    pairs = [(tokenizer(p, add_special_tokens=False)["input_ids"], tokenizer(c, add_special_tokens=False)["input_ids"])
+             for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(p) + len(c) for p, c in pairs)
+    tail = max(len(c) for _, c in pairs)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    device = next(model.parameters()).device
+    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width), dtype=torch.long)
+    labels = torch.full((len(pairs), tail), -100, dtype=torch.long)
+    for row, (p, c) in enumerate(pairs):  # left padding, as generation sees the prompts
+        ids[row, width - len(p) - len(c):] = torch.tensor(p + c)
+        mask[row, width - len(p) - len(c):] = 1
+        labels[row, tail - len(c):] = torch.tensor(c)
+    ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generate() numbers left-padded rows
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loss = torch.zeros(())
+    for _ in range(steps):
+        optimizer.zero_grad()
+        # The logits that predict the last ``tail`` tokens: positions width-tail-1 .. width-2.
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=tail + 1).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return float(loss.detach())
