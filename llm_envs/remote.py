@@ -40,10 +40,11 @@ import gymnasium
 import numpy as np
 from pettingzoo import AECEnv, ParallelEnv
 
-from llm_envs.core.agent_tokens import MixedTokenizersError
+from llm_envs.core.agent_tokens import MixedTokenizersError, SharedTokenValues
 from llm_envs.core.base import build_spaces
 from llm_envs.core.state import build_state_space
 from llm_envs.core.task import Response, Task, TurnRecord
+from llm_envs.core.transcript import Transcript
 from llm_envs.serve.wire import (
     ERROR_TYPES,
     WIRE_VERSION,
@@ -240,7 +241,7 @@ class _RemoteProblems(Sequence):
         return self._task._task(self._split, index % len(self))
 
 
-class RemoteEnv:
+class RemoteEnv(SharedTokenValues):
     """What both remote protocols share: the spec, the spaces, the channel, the tokenizers and the state.
     ``isinstance(env, RemoteEnv)`` tells a remote env of either protocol."""
 
@@ -354,25 +355,6 @@ class RemoteEnv:
                                        f"{name} differs ({values}): use env.{name}_of(agent).")
         return values[self.possible_agents[0]]
 
-    @property
-    def vocab_size(self) -> int:
-        """V, when every agent has the same (else :class:`~llm_envs.MixedTokenizersError`)."""
-        return self._shared_value("vocab_size")
-
-    @property
-    def pad_token_id(self) -> int:
-        """The pad id, when every agent has the same."""
-        return self._shared_value("pad_token_id")
-
-    @property
-    def stop_token_ids(self) -> frozenset[int]:
-        """The stop ids, when every agent has the same."""
-        return self._shared_value("stop_token_ids")
-
-    @property
-    def chat_template(self) -> bool:
-        """Whether prompts get the chat template, when that holds for every agent."""
-        return self._shared_value("chat_template")
 
     @property
     def tokenizers(self) -> dict[str, Any]:
@@ -610,18 +592,7 @@ class RemoteEnv:
             return ""
         return self._remote_state()["transcript_text"]
 
-    def render(self) -> str | None:
-        if self.render_mode is None:
-            gymnasium.logger.warn(
-                "You are calling render() without a render_mode; connect with render_mode='ansi' or 'human'.")
-            return None
-        if not self._started:
-            return "" if self.render_mode == "ansi" else None
-        text = self.transcript()
-        if self.render_mode == "human":
-            print(text)
-            return None
-        return text
+    render = Transcript.render  # the served env's transcript, rendered as a local env renders its own
 
     def close(self) -> None:
         """Close the session on the server (its env is freed) and the connection."""

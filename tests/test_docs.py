@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +76,16 @@ def python_blocks(page: Path) -> list[Block]:
         if fence is None or fence["info"] not in ("python", "py"):
             raise ValueError(f"{where}: a docs-test marker must be on the line right before a ```python fence")
         markers[nxt] = parse_marker(match["body"], where)
+    for info, first, code_lines in fenced_blocks(text):
+        if info in ("python", "py"):
+            action, argument = markers.get(first - 2, ("run", ""))
+            blocks.append(Block(first, "\n".join(code_lines), action, argument))
+    return blocks
+
+
+def fenced_blocks(text: str) -> Iterator[tuple[str, int, list[str]]]:
+    """``(info, first line 1-based, lines)`` of every fenced block of a page, the fence's indent taken off."""
+    lines = text.splitlines()
     i = 0
     while i < len(lines):
         opening = FENCE.match(lines[i])
@@ -85,13 +96,9 @@ def python_blocks(page: Path) -> list[Block]:
         j = i + 1
         while j < len(lines) and not close.match(lines[j]):
             j += 1
-        if opening["info"] in ("python", "py"):
-            indent = len(opening["indent"])
-            code = "\n".join(line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : j])
-            action, argument = markers.get(i, ("run", ""))
-            blocks.append(Block(i + 2, code, action, argument))
+        indent = len(opening["indent"])
+        yield opening["info"], i + 2, [line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : j]]
         i = j + 1
-    return blocks
 
 
 def page_id(page: Path) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from test_docs import FENCE, PAGES, ROOT, page_id, python_blocks
+from test_docs import PAGES, ROOT, fenced_blocks, page_id, python_blocks
 
 SHELL = ("bash", "sh", "shell", "console")
 NEEDS = ("hub", "gpu", "two machines")
@@ -100,24 +100,6 @@ def parse_needs(comment: str, where: str) -> set[str]:
                 raise CommandError(f"{where}: unknown need {item!r} in `needs:`; write one or more of {NEEDS}")
             marked.add(item)
     return marked
-
-
-def fenced_blocks(text: str) -> Iterator[tuple[str, int, list[str]]]:
-    """``(info, first line 1-based, lines)`` of every fenced block of a page."""
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        opening = FENCE.match(lines[i])
-        if opening is None:
-            i += 1
-            continue
-        close = re.compile(rf"^ {{0,3}}{opening['fence'][0]}{{{len(opening['fence'])},}}\s*$")
-        j = i + 1
-        while j < len(lines) and not close.match(lines[j]):
-            j += 1
-        indent = len(opening["indent"])
-        yield opening["info"], i + 2, [line[indent:] if line[:indent].isspace() else line for line in lines[i + 1 : j]]
-        i = j + 1
 
 
 def looks_like_command(line: str) -> bool:

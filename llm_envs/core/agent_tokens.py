@@ -67,7 +67,36 @@ class AgentTokens:
         return self.handle.tokenizer
 
 
-class AgentTokenizers:
+class SharedTokenValues:
+    """The single-tokenizer forms of the per-agent values (``vocab_size`` for ``vocab_size_of(agent)``, ...): the
+    local env's and the remote env's (:mod:`llm_envs.remote`), each with its own ``_shared_value(name)``."""
+
+    def _shared_value(self, name: str) -> Any:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        """V, when every agent has the same (else :class:`MixedTokenizersError`: see :meth:`vocab_size_of`)."""
+        return self._shared_value("vocab_size")
+
+    @property
+    def pad_token_id(self) -> int:
+        """The pad id, when every agent has the same (else see :meth:`pad_token_id_of`)."""
+        return self._shared_value("pad_token_id")
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The stop ids, when every agent has the same (else see :meth:`stop_token_ids_of`)."""
+        return self._shared_value("stop_token_ids")
+
+    @property
+    def chat_template(self) -> bool:
+        """Whether prompts get the chat template, when that holds for every agent (else see
+        :meth:`chat_template_of`)."""
+        return self._shared_value("chat_template")
+
+
+class AgentTokenizers(SharedTokenValues):
     """Mixin of :class:`~llm_envs.core.base.LLMEnvCore`: the agents' tokenizers. The env sets
     ``_agent_tokens`` (from :meth:`_resolve_tokenizers`), ``_tok`` (the one tokenizer of all agents, or
     None) and ``_shared`` (the values every agent has in common)."""
@@ -199,27 +228,6 @@ class AgentTokenizers:
         """Whether ``agent``'s prompts are rendered with its tokenizer's chat template."""
         self._check_agent_name(agent)
         return self._agent_tokens[agent].chat_template
-
-    @property
-    def vocab_size(self) -> int:
-        """V, when every agent has the same (else :class:`MixedTokenizersError`: see :meth:`vocab_size_of`)."""
-        return self._shared_value("vocab_size")
-
-    @property
-    def pad_token_id(self) -> int:
-        """The pad id, when every agent has the same (else see :meth:`pad_token_id_of`)."""
-        return self._shared_value("pad_token_id")
-
-    @property
-    def stop_token_ids(self) -> frozenset[int]:
-        """The stop ids, when every agent has the same (else see :meth:`stop_token_ids_of`)."""
-        return self._shared_value("stop_token_ids")
-
-    @property
-    def chat_template(self) -> bool:
-        """Whether prompts get the chat template, when that holds for every agent (else see
-        :meth:`chat_template_of`)."""
-        return self._shared_value("chat_template")
 
     def _shared_value(self, name: str) -> Any:
         try:
