@@ -127,8 +127,11 @@ def test_manifest_parses_with_openenv_and_names_a_real_app():
     import yaml
 
     raw = yaml.safe_load((root / "openenv.yaml").read_text())
-    module, attr = raw["app"].split(":")
-    assert (root / (module.replace(".", "/") + ".py")).exists() and attr == "app"
+    from uvicorn.importer import import_from_string
+
+    app = import_from_string(raw["app"])  # what `uvicorn llm_envs.serve.app:app` (the manifest's app) serves
+    assert app.state.llm_env_server.env_id == "writing/xsum-v0"
+    assert {"/ws", "/health", "/schema", "/metadata", "/state"} <= {getattr(r, "path", None) for r in app.routes}
     dockerfile = (root / "Dockerfile").read_text()
     assert "openenv==0.10.0" in dockerfile and "llm-envs serve" in dockerfile
 
