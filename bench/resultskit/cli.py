@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from .comparisons import COMPARISONS, DEFAULT_SEEDS, PAGE, RECORDS, ROOT, method
+from .comparisons import COMPARISONS, DEFAULT_SEEDS, PAGE, README, RECORDS, ROOT, method
 from .page import render
 from .records import completion_commands, load_records, missing_records, resumable_records, run_records, running_records
 
@@ -51,7 +51,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              threads=args.threads)
         status = 1 if result["failed"] else 0
     elif args.command == "render":
-        result = render(out, Path(args.page) if args.page else None, args.smoothing)
+        page = Path(args.page) if args.page else None
+        # README's provenance section follows the page's records: rendered with the page itself, not with another.
+        ours = page is not None and page.resolve() == PAGE.resolve() and out.resolve() == RECORDS.resolve()
+        readme = README if ours else None
+        result = render(out, page, args.smoothing, readme)
         status = 0
     else:
         result = {c: {"records": [f"{r['method']}__s{r['seed']}" for r in load_records(out, c)],

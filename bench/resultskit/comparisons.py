@@ -11,6 +11,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+"""README's provenance section is rendered from the records too (``page.readme_text``)."""
 DEFAULT_SEEDS = (0, 1, 2)
 
 # ------------------------------------------------------------------------------------------ settings

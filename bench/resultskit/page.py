@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .comparisons import COMPARISONS, LAST, SWEEPS, method, settings_of, sweep_name, swept_comparison
-from .provenance import distinct_runs, provenance, sampling_note, save_samplers, settings
-from .reading import SECTION_TESTS, reading
-from .records import chosen_rate, completion_commands, load_records, machine_label, missing_records
-from .significance import significance_table
+from .provenance import distinct_runs, provenance, provenance_counts, sampling_note, save_samplers, settings
+from .reading import ROLES, SECTION_EFFECTS, SECTION_TESTS, holders, reading, role_final
+from .records import chosen_rate, completion_commands, edge_note, load_records, machine_label, missing_records
+from .significance import effects_table, significance_table
 from .summary import Summary as Summary
 from .summary import fmt, last_finite, last_mean, mean_std, value
 
@@ -55,6 +55,12 @@ def summarise(comparison: str, records: list[dict[str, Any]]) -> dict[str, Any]:
                         for k in ("task_reward", "kl", "combined")}
                 for model in m.models
             }
+            if m.learner == "cory":  # the roles swap: each role's values from the model that held it
+                entry["final_by_role"] = {
+                    role: {k: mean_std([role_final(role, k)(r) for r in mine])
+                           for k in ("task_reward", "kl", "combined")}
+                    for role in ROLES}
+                entry["role_holders"] = {role: holders(mine, role) for role in ROLES}
             keys = sorted({k for r in mine for k in r["eval"]})
             entry["eval"] = {k: mean_std([r["eval"].get(k, math.nan) for r in mine]) for k in keys}
             entry["eval_before"] = {k: mean_std([r["eval_before"].get(k, math.nan) for r in mine]) for k in keys}
@@ -212,18 +218,26 @@ def tables(comparison: str, summary: dict[str, Any], records: list[dict[str, Any
             cells = [fmt(*entry["eval"][c]) if c in entry["eval"] else "—" for c in components]
             lines.append(f"| {entry['label']} | " + " | ".join(cells) + f" | {fmt(*entry['eval_before']['total'])} |")
     else:
-        lines.append(f"| method | model | task reward (last {LAST} it.) | KL (last {LAST} it.) | r - 0.01 KL | "
-                     "eval after |")
+        # CORY's models swap roles: its rows are its roles, each from the model that held it in the last iterations.
+        lines.append(f"| method | model (CORY: role, and the model that held it in the last {LAST} it.) | task reward "
+                     f"(last {LAST} it.) | KL (last {LAST} it.) | r - 0.01 KL | eval after |")
         lines.append("|---|---|---|---|---|---|")
         for entry in summary.values():
-            for model, values in entry["final"].items():
-                evals = {k: v for k, v in entry["eval"].items() if k.startswith("sentiment") or k == "total"}
+            rows = ({f"{role} ({entry['role_holders'][role]})": (values, [f"sentiment_{role}", "total"])
+                     for role, values in entry["final_by_role"].items()} if "final_by_role" in entry
+                    else {model: (values, None) for model, values in entry["final"].items()})
+            for model, (values, keys) in rows.items():
+                evals = {k: v for k, v in entry["eval"].items()
+                         if (k in keys if keys else k.startswith("sentiment") or k == "total")}
                 shown = ", ".join(f"{k} {fmt(*v)}" for k, v in evals.items())
                 lines.append(f"| {entry['label']} | {model} | {fmt(*values['task_reward'])} | {fmt(*values['kl'])} | "
                              f"{fmt(*values['combined'])} | {shown} |")
     if comparison in SECTION_TESTS and records:
         lines.append("")
         lines += significance_table(records, SECTION_TESTS[comparison])
+    effects = effects_table(records, SECTION_EFFECTS.get(comparison, [])) if records else []
+    if effects:
+        lines += ["", *effects]
     lines.append("")
     lines.append("Records (one per method and seed; wall = seconds of that run on a machine shared with other jobs; "
                  "a run resumed across sittings sums its legs, counting the iterations an interruption made it redo):")
@@ -278,6 +292,10 @@ def sweep_table(summary: dict[str, Any], out: Path, comparison: str = "methods")
             lines.append(f"| {label} | {rate:g} | {total} | {' | '.join(cells)} | "
                          f"{value(entry['eval']['total'].mean)} | {value(entry['eval_before']['total'].mean)} | "
                          f"{accuracy} |")
+    edges = [f"{method(comparison, name).label}: {note}" for name in SWEEPS[comparison][1]
+             if (note := edge_note(out, name, comparison))]
+    if edges:
+        lines += ["", "Chosen at an edge of its grid (no run outside the grid says more): " + "; ".join(edges) + "."]
     return lines
 
 
@@ -364,7 +382,7 @@ def sections(out: Path, smoothing: int) -> tuple[dict[str, str], dict[str, Any]]
             text += f", plus the methods with no record yet: {', '.join(unknown)}." if unknown else "."
         else:
             text += f" The missing records are of methods with no record yet: {', '.join(unknown)}."
-    texts["wall"] = text
+    texts["wall"] = text + " " + provenance_counts(every, "of this page")
     texts["sampling"] = sampling_note(every, out)
     return texts, result
 
@@ -376,8 +394,21 @@ def render_page(text: str, texts: dict[str, str]) -> str:
     return text
 
 
-def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
-    """Figures, summary JSON and (when ``page`` is given) the page's generated sections, from the records."""
+README_SECTION = "provenance"
+"""README's one generated section (between its ``results:provenance`` markers): which runs of
+docs/results.md name their machine, cost and code (:func:`provenance.provenance_counts`)."""
+
+
+def readme_text(out: Path) -> str:
+    """README's provenance section from the records in ``out``."""
+    every = [r for comparison in COMPARISONS for r in load_records(out, comparison)]
+    return ("The seeded results of [docs/results.md](docs/results.md) keep one record per run (the command, flags, "
+            "curves, evaluations, wall time and commit). " + provenance_counts(every))
+
+
+def render(out: Path, page: Path | None, smoothing: int, readme: Path | None = None) -> dict[str, Any]:
+    """Figures, summary JSON and (when ``page`` is given) the page's generated sections, from the records;
+    with ``readme``, README's provenance section (:func:`readme_text`) too."""
     texts, result = sections(out, smoothing)
     summaries = result.pop("summaries")
     result["figures"] = []
@@ -398,4 +429,8 @@ def render(out: Path, page: Path | None, smoothing: int) -> dict[str, Any]:
         page.write_text(render_page(page.read_text(encoding="utf-8"), texts), encoding="utf-8")
         result["page"] = str(page)
         save_samplers(out)
+    if readme is not None:
+        readme.write_text(replace_section(readme.read_text(encoding="utf-8"), README_SECTION, readme_text(out)),
+                          encoding="utf-8")
+        result["readme"] = str(readme)
     return result

@@ -202,3 +202,79 @@ def sampling_note(records: Sequence[Record], out: Path) -> str:
                  f"the "
                  f"{next(iter(kinds[1]))} one (section 4's eval before training).")
     return text + "*"
+
+
+def _machine(r: Record) -> str:
+    machine = r.get("machine") or {}
+    return str(machine["cpu"]) if machine.get("cpu") else "a machine its record does not name"
+
+
+def row_note(records: Sequence[Record]) -> str | None:
+    """What a reading that rests on one row's records must name, from the records alone: the machines its
+    seeds ran on when they are more than one (a record that names none counts apart: it is not known to be
+    the same), and the seeds run on an uncommitted tree (``+dirty``: the code is not a commit; whether the
+    record keeps its diff). None when the row's seeds share one named machine and committed code.
+
+    >>> print(row_note([{"seed": 0, "commit": "a"}, {"seed": 1, "commit": "b+dirty", "machine": {"cpu": "Xeon"}}]))
+    seeds ran on 2 machines: Xeon (seed 1), a machine its record does not name (seed 0); seed 1 on an
+    uncommitted tree (b+dirty, its diff not kept)
+    >>> row_note([{"seed": 0, "commit": "a", "machine": {"cpu": "EPYC"}}]) is None
+    True
+    """
+    groups: dict[str, list[int]] = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        groups.setdefault(_machine(r), []).append(r["seed"])
+    dirty = [r for r in sorted(records, key=lambda r: r["seed"]) if (r.get("commit") or "").endswith("+dirty")]
+    parts = []
+    if len(groups) > 1:
+        known = sorted(groups.items(), key=lambda kv: kv[0].startswith("a machine its record"))
+        parts.append(f"seeds ran on {len(groups)} machines: "
+                     + ", ".join(f"{name} ({_seed_list(s)})" for name, s in known))
+    if dirty:
+        commits = sorted({r["commit"].removesuffix("+dirty")[:8] + "+dirty" for r in dirty})
+        kept = sum(1 for r in dirty if r.get("diff"))
+        diff = "its diff kept" if kept == len(dirty) else ("its diff not kept" if not kept else
+                                                           f"{kept} of {len(dirty)} keep their diff")
+        where = "" if len(groups) > 1 else f", on {next(iter(groups))}"
+        parts.append(f"{_seed_list([r['seed'] for r in dirty])} on an uncommitted tree ({', '.join(commits)}, "
+                     f"{diff}){where}")
+    return "; ".join(parts) or None
+
+
+def _seed_list(seeds: Sequence[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in seeds)
+
+
+def record_counts(records: Iterable[Record]) -> dict[str, int]:
+    """Over the distinct runs of ``records``: how many there are, and how many name no machine, no CPU
+    kind's ISA, no dtype, no thread count, no CPU seconds, no commit, and how many ran on an uncommitted tree
+    (and of those, how many keep their diff)."""
+    runs = list(distinct_runs(records).values())
+
+    def lacks(key: str) -> int:
+        return sum(1 for r in runs if (r.get("machine") or {}).get(key) is None)
+
+    dirty = [r for r in runs if (r.get("commit") or "").endswith("+dirty")]
+    return {"runs": len(runs), "no_machine": sum(1 for r in runs if not r.get("machine")), "no_cpu": lacks("cpu"),
+            "no_isa": lacks("isa"), "no_dtype": lacks("dtype"), "no_threads": lacks("threads"),
+            "no_host": lacks("host"), "no_cpu_s": sum(1 for r in runs if r.get("cpu_s") is None),
+            "no_commit": sum(1 for r in runs if not r.get("commit")), "dirty": len(dirty),
+            "dirty_with_diff": sum(1 for r in dirty if r.get("diff"))}
+
+
+def provenance_counts(records: Iterable[Record], where: str = "behind [docs/results.md](docs/results.md)") -> str:
+    """The sentence that says which of the runs name their machine and cost (README and docs/results.md
+    render it; what a record does not hold is counted, never claimed); ``where``: the runs' page, as the
+    sentence names it."""
+    c = record_counts(records)
+    n = c["runs"]
+
+    def named(k: int, what: str) -> str:
+        return f"{n - k} of the {n} name {what}"
+
+    return (f"Of the {n} distinct runs {where}, every one names its commit" if not c["no_commit"]
+            else f"Of the {n} distinct runs {where}, {named(c['no_commit'], 'their commit')}") + (
+        f"; {named(c['no_cpu'], 'the CPU and its ISA')}, {named(c['no_dtype'], 'the dtype')}, "
+        f"{named(c['no_threads'], 'the thread count')}, {named(c['no_host'], 'the host')} and "
+        f"{named(c['no_cpu_s'], 'their CPU seconds')} (the runs written before records named them do not); "
+        f"{c['dirty']} ran on a tree with uncommitted changes ({c['dirty_with_diff']} keep the diff).")

@@ -17,9 +17,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .comparisons import CODING_SWEEP_RATES, LAST, SWEEP_RATES, SWEEPS, method, sweep_name
-from .provenance import distinct_runs
-from .records import chosen_rate
-from .significance import Comparison, against, against_baseline, family_tests, reading_of
+from .provenance import distinct_runs, row_note
+from .records import chosen_rate, edge_note
+from .significance import (
+    LEVEL,
+    POWER,
+    Comparison,
+    against,
+    against_baseline,
+    budget,
+    caveats,
+    family_tests,
+    reading_of,
+)
 from .summary import mean_std
 from .values import (
     Record,
@@ -165,7 +175,7 @@ def reading_magrpo(records: Sequence[Record], smoothing: int) -> list[str]:
 
 
 def pioneer(r: Record) -> float:
-    """The pioneer's greedy eval sentiment (PPO's one model is its pioneer)."""
+    """The pioneer's greedy eval sentiment (PPO's one model answers the query alone: its pioneer)."""
     return float(r["eval"].get("sentiment_pioneer", r["eval"].get("sentiment", math.nan)))
 
 
@@ -174,22 +184,94 @@ pioneer.before = lambda r: pioneer({"eval": r["eval_before"]})  # type: ignore[a
 before training are the same episodes (the premise of the paired test)."""
 
 
-def _per_model(model: str, key: str) -> Value:
-    """CORY's ``model``'s final ``key``, PPO's one model's (``agent``) for a PPO record."""
-    return lambda r: final(model if r["learner"] == "cory" else "agent", key)(r)
+def observer(r: Record) -> float:
+    """The observer's greedy eval sentiment; PPO's one model (it has no observer) for a PPO record: the
+    observer reads the pioneer's answer, so its episodes are not PPO's (a Welch comparison)."""
+    return float(r["eval"].get("sentiment_observer", r["eval"].get("sentiment", math.nan)))
+
+
+observer.before = lambda r: observer({"eval": r["eval_before"]})  # type: ignore[attr-defined]
+
+ROLES = ("pioneer", "observer")
+"""CORY's roles, in the env's order: a model's ``agent_<model>/role`` curve is the index of the role it
+played in each iteration."""
+MODELS = ("model_0", "model_1")
+
+
+def role_at(r: Record, model: str, i: int) -> int | None:
+    """The role (index into :data:`ROLES`) ``model`` played in the ``i``-th logged iteration of a CORY
+    record: its ``agent_<model>/role`` curve, else (a record that did not log it) the swap schedule of its
+    ``swap-every`` flag (CORY's ``role_assignment``: model_0 the pioneer in iterations [0, T), the observer
+    in [T, 2T), ...); None when neither says."""
+    curve = r["curve"]
+    logged = curve.get(f"agent_{model}/role")
+    if logged is not None and i < len(logged) and math.isfinite(logged[i]):
+        return int(logged[i])
+    swap = (r.get("flags") or {}).get("swap-every")
+    if swap is None or i >= len(curve.get("iteration", [])):
+        return None
+    swapped = swap > 0 and ((int(curve["iteration"][i]) - 1) // swap) % 2 == 1
+    return (1 if swapped else 0) if model == MODELS[0] else (0 if swapped else 1)
+
+
+def role_window(r: Record, role: str, last: int = LAST) -> list[str | None]:
+    """Per iteration of the last ``last``: the model that played ``role`` (None where the record cannot say)."""
+    n = len(r["curve"].get("iteration", []))
+    index = ROLES.index(role)
+    out: list[str | None] = []
+    for i in range(max(n - last, 0), n):
+        holders = [m for m in MODELS if role_at(r, m, i) == index]
+        out.append(holders[0] if len(holders) == 1 else None)
+    return out
+
+
+def role_final(role: str, key: str) -> Value:
+    """The mean over the last :data:`LAST` iterations of ``key`` of whichever model played ``role`` in each
+    of them (the roles swap: a model's own curve mixes both); PPO's one model (what each role is compared
+    with) for a PPO record. NaN where an iteration's role holder is unknown or its value not finite."""
+    def value(r: Record) -> float:
+        if r["learner"] != "cory":
+            return final("agent", key)(r)
+        n = len(r["curve"].get("iteration", []))
+        window = role_window(r, role)
+        picked = [r["curve"][f"agent_{m}/{key}"][n - len(window) + j] if m else math.nan
+                  for j, m in enumerate(window)]
+        if not picked or not all(math.isfinite(x) for x in picked):
+            return math.nan
+        return sum(picked) / len(picked)
+
+    return value
+
+
+def holders(records: Sequence[Record], role: str) -> str:
+    """Which model played ``role`` in the last :data:`LAST` iterations: ```model_1` on all 3 seeds`` or seed by
+    seed (``model_0 then model_1`` where a swap falls inside the window)."""
+    per = {}
+    for r in records:
+        window = [m or "unknown" for m in role_window(r, role)]
+        per[r["seed"]] = " then ".join(f"`{m}`" for m in dict.fromkeys(window)) or "unknown"
+    if len(per) == 1:
+        return f"{next(iter(per.values()))} on seed {next(iter(per))}"
+    if len(set(per.values())) == 1:
+        return f"{next(iter(per.values()))} on {of(len(per), len(per))} seeds"
+    return ", ".join(f"{m} on seed {s}" for s, m in per.items())
 
 
 CORY_TESTS: list[Comparison] = [
     Comparison("eval pioneer sentiment", "cory", "ppo", pioneer, "paired"),
+    # The observer reads the pioneer's answer: other episodes than PPO's by design (Welch's test).
+    Comparison("eval observer sentiment (PPO: its one agent)", "cory", "ppo", observer, "welch"),
     # Training batches are not shared episodes (each learner samples its own responses): Welch's test; the
-    # paper's claim on KL is CORY's below PPO's.
-    *[Comparison(f"{what} of CORY's {model} vs PPO's, last {LAST} it.", "cory", "ppo", _per_model(model, key),
+    # paper's claim on KL is CORY's below PPO's. Each role's value is the model that held it in the window.
+    *[Comparison(f"{what} of CORY's {role} vs PPO's, last {LAST} it.", "cory", "ppo", role_final(role, key),
                  "welch", claim)
       for key, what, claim in (("task_reward", "task reward", 1), ("kl", "KL", -1))
-      for model in ("model_0", "model_1")],
+      for role in ROLES],
 ]
-"""CORY against PPO, each comparison's test declared: the greedy eval of the pioneer paired (the same
-reviews, greedy, the same prompt before training), the training curves' last iterations by Welch's test."""
+"""CORY against PPO by role, each comparison's test declared: the greedy eval of the pioneer paired (the same
+reviews, greedy, the same prompt before training), the observer's by Welch's test (it reads the pioneer's
+text), the training curves' last iterations by Welch's test, each of the pioneer and the observer as the
+role was held in those iterations (the models swap roles every ``--swap-every`` iterations)."""
 
 
 def reading_cory(records: Sequence[Record]) -> list[str]:
@@ -197,22 +279,21 @@ def reading_cory(records: Sequence[Record]) -> list[str]:
     out: list[str] = []
     if not (ppo and cory):
         return out
-    for key, what in (("task_reward", "Task reward (training, last 5 iterations)"), ("kl", "KL (nats, last 5 "
-                                                                                           "iterations)")):
+    for key, what in (("task_reward", f"Task reward (training, last {LAST} iterations)"),
+                      ("kl", f"KL (nats, last {LAST} iterations)")):
         p = [final("agent", key)(r) for r in ppo]
-        c0, c1 = [final("model_0", key)(r) for r in cory], [final("model_1", key)(r) for r in cory]
-        out.append(f"- **{what}:** PPO {ms(p)} ({slash(p)} on seeds {seeds(ppo)}); CORY `model_0` {ms(c0)} "
-                   f"({slash(c0)}), `model_1` {ms(c1)} ({slash(c1)}).")
+        cp, co = [role_final("pioneer", key)(r) for r in cory], [role_final("observer", key)(r) for r in cory]
+        out.append(f"- **{what}, by the role each CORY model held in those iterations:** PPO {ms(p)} ({slash(p)} on "
+                   f"seeds {seeds(ppo)}); CORY's pioneer {ms(cp)} ({slash(cp)}; {holders(cory, 'pioneer')}), its "
+                   f"observer {ms(co)} ({slash(co)}; {holders(cory, 'observer')}).")
         if key == "kl":
             shared = [(r, q) for r in cory for q in ppo if r["seed"] == q["seed"]]
-            pairs = [(final("model_0", key)(r), final("model_1", key)(r), final("agent", key)(q)) for r, q in shared]
-            lower = [min(a, b) - p for a, b, p in pairs]
-            higher = [max(a, b) - p for a, b, p in pairs]
-            out.append(f"  Seed by seed, CORY's lower-KL model minus PPO: {slash(lower, 2)}; its higher-KL model minus "
-                       f"PPO: {slash(higher, 2)}. The paper's \"PPO's KL well above CORY's\" would put both lists "
-                       f"below 0: the first is on {of(sum(1 for x in lower if x < 0), len(lower))} seeds, the second "
-                       f"on "
-                       f"{of(sum(1 for x in higher if x < 0), len(higher))}.")
+            first = [role_final("pioneer", key)(r) - final("agent", key)(q) for r, q in shared]
+            second = [role_final("observer", key)(r) - final("agent", key)(q) for r, q in shared]
+            out.append(f"  Seed by seed, CORY's pioneer minus PPO: {slash(first, 2)}; its observer minus PPO: "
+                       f"{slash(second, 2)}. The paper's \"PPO's KL well above CORY's\" would put both lists below "
+                       f"0: the first is below 0 on {sum(1 for x in first if x < 0)} of {len(first)} seeds, the second "
+                       f"on {sum(1 for x in second if x < 0)} of {len(second)}.")
     coef = [(r["curve"][f"agent_{m}/kl_coef"][0], r["curve"][f"agent_{m}/kl_coef"][-1])
             for r in records for m in ("agent", "model_0", "model_1") if f"agent_{m}/kl_coef" in r["curve"]]
     if coef:
@@ -248,16 +329,17 @@ def reading_cory(records: Sequence[Record]) -> list[str]:
                 continue
             total, ref_total = ev()(r), ev()(ref)
             word = "above" if total > ref_total else ("below" if total < ref_total else "level with")
+
+            def by_role(x: Record, key: str, digits: int = 3) -> str:
+                return slash((role_final(role, key)(x) for role in ROLES), digits)
+
             out.append(f"- **{what}, seed {r['seed']}** (one run: compare with CORY's seed {r['seed']}, not its mean): "
                        f"greedy eval pioneer {v3(pioneer(r))}, observer {v3(ev('sentiment_observer')(r))} (total "
                        f"{v3(total)}) against CORY's {v3(pioneer(ref))}, {v3(ev('sentiment_observer')(ref))} "
-                       f"({v3(ref_total)}): {word} it. Training task reward "
-                       f"{slash(final(m, 'task_reward')(r) for m in ('model_0', 'model_1'))} "
-                       f"against {slash(final(m, 'task_reward')(ref) for m in ('model_0', 'model_1'))}; KL "
-                       f"{slash((final(m, 'kl')(r) for m in ('model_0', 'model_1')), 2)} against "
-                       f"{slash((final(m, 'kl')(ref) for m in ('model_0', 'model_1')), 2)} (`model_0`, `model_1`, "
-                       f"last 5 "
-                       "iterations).")
+                       f"({v3(ref_total)}): {word} it. By role, pioneer / observer, over the last {LAST} iterations "
+                       f"(this run's pioneer {holders([r], 'pioneer')}, CORY's {holders([ref], 'pioneer')}): "
+                       f"training task reward {by_role(r, 'task_reward')} against {by_role(ref, 'task_reward')}; "
+                       f"KL {by_role(r, 'kl', 2)} against {by_role(ref, 'kl', 2)}.")
     return out + against_baseline(records, SECTION_TESTS["cory"])
 
 
@@ -298,14 +380,17 @@ def reading_preference(records: Sequence[Record]) -> list[str]:
                    f"Its last update's DPO loss {slash(loss, 2)} (chance: ln 2 = 0.69), pair accuracy {slash(acc, 2)}, "
                    "margin "
                    f"{slash(margin, 0)} nats: it fits its pairs at the learning rate every method shares here "
-                   f"({madpo[0]['flags'].get('learning-rate')}); section 4 gives it its own.")
+                   f"({madpo[0]['flags'].get('learning-rate')}); section 4 gives it its own."
+                   + (f" The records cannot separate the rate from where the runs ran: {note}." if
+                      (note := row_note(madpo)) else ""))
     return out + against_baseline(records, SECTION_TESTS["preference"])
 
 
 def sweep_line(sweep: Sequence[Record], name: str, chosen: float | None,
-               rates: Sequence[float] | None = None) -> str:
+               rates: Sequence[float] | None = None, note: str | None = None) -> str:
     """``validation v1 at r1, **v2 at r2**, ...; eval (not used to choose): ...`` of one method's sweep
-    (``rates``: its grid, default ``SWEEP_RATES[name]``)."""
+    (``rates``: its grid, default ``SWEEP_RATES[name]``), and ``note`` (its rate at an edge of its grid,
+    ``records.edge_note``)."""
     found = [(rate, next((r for r in sweep if r["method"] == sweep_name(name, rate)), None))
              for rate in (SWEEP_RATES[name] if rates is None else rates)]
     val = ", ".join((f"**{v3(ev(split='validation')(r))} at {rate:g}**" if rate == chosen
@@ -313,7 +398,7 @@ def sweep_line(sweep: Sequence[Record], name: str, chosen: float | None,
                     for rate, r in found)
     evals = ", ".join(v3(ev()(r)) for _, r in found if r)
     before = span([ev(split="eval_before")(r) for _, r in found if r])
-    return f"validation totals {val}; eval (not used to choose) {before} -> {evals}"
+    return f"validation totals {val}; eval (not used to choose) {before} -> {evals}" + (f"; {note}" if note else "")
 
 
 def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3: Sequence[Record],
@@ -322,6 +407,7 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
     if records:
         out.append("- " + cpu_line(records))
     rates = {name: chosen_rate(out_dir, name) for name in SWEEP_RATES}
+    notes = {name: note for name in SWEEP_RATES if (note := edge_note(out_dir, name))}
 
     def at(name: str) -> str:
         mine = of_method(records, name)
@@ -334,20 +420,22 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
     def rec(name: str, rate: float) -> Record | None:
         return next((r for r in sweep if r["method"] == sweep_name(name, rate)), None)
 
-    out.append(f"- **MAGRPO team**: {sweep_line(sweep, 'magrpo', rates['magrpo'])}. At {rates['magrpo']}: "
+    out.append(f"- **MAGRPO team**: {sweep_line(sweep, 'magrpo', rates['magrpo'], note=notes.get('magrpo'))}. "
+               f"At {rates['magrpo']}: "
                f"{at('magrpo')}.")
     if rates["madpo"] is not None:
         losses = ", ".join(f"{v3(r['curve']['losses/dpo'][-1], 2)} at {rate:g}" for rate in SWEEP_RATES["madpo"]
                            if (r := rec("madpo", rate)) and r["curve"].get("losses/dpo"))
         old = [r["curve"]["losses/dpo"][-1] for r in of_method(section3, "madpo") if r["curve"].get("losses/dpo")]
-        out.append(f"- **Offline MADPO**: {sweep_line(sweep, 'madpo', rates['madpo'])}. Its last DPO loss {losses}"
+        out.append(f"- **Offline MADPO**: {sweep_line(sweep, 'madpo', rates['madpo'], note=notes.get('madpo'))}. "
+                   f"Its last DPO loss {losses}"
                    + (f" (section 3's rate, {of_method(section3, 'madpo')[0]['flags'].get('learning-rate')}: "
                       f"{span(old, 2)})" if old else "")
                    + f". At {rates['madpo']}: {at('madpo')}.")
     name = "madpo-iterative"
     if rates[name] is not None:
         chosen = rates[name]
-        out.append(f"- **Iterative MADPO**: {sweep_line(sweep, name, chosen)}.")
+        out.append(f"- **Iterative MADPO**: {sweep_line(sweep, name, chosen, note=notes.get(name))}.")
         loss = [(r["seed"], r["curve"].get("losses/dpo", [])) for r in of_method(records, name)]
         out.append(f"  At {chosen:g} its DPO loss over the updates: " + ", ".join(
             f"seed {s} {span(c, 2)} (last {slash(c[-3:], 2)})" for s, c in loss if c) + " (chance: ln 2 = 0.69).")
@@ -360,8 +448,6 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
                        f"{v3(ev('jaccard', 'validation')(rec(name, chosen)), 2)} at "
                        f"{chosen:g}, length {v3(ev('length', 'validation')(r), 2)} against "
                        f"{v3(ev('length', 'validation')(rec(name, chosen)), 2)}.")
-        if not above:
-            out.append(f"  {chosen:g} is the top of its grid: the best rate may lie above it.")
         out.append(f"  At {chosen:g}: {at(name)}.")
     marlhf = of_method(records, "marlhf")
     if marlhf:
@@ -378,7 +464,8 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
                    f"{slash((last(r, 'pref/rm_epoch') for r in marlhf), 0)}). On so few pairs one accuracy's "
                    f"binomial 95% interval (normal approximation) is up to ±{v3(max(interval), 2)}.")
         if rates["marlhf"] is not None:
-            out.append(f"  MAGRPO on that reward: {sweep_line(sweep, 'marlhf', rates['marlhf'])}. At "
+            out.append(f"  MAGRPO on that reward: "
+                       f"{sweep_line(sweep, 'marlhf', rates['marlhf'], note=notes.get('marlhf'))}. At "
                        f"{rates['marlhf']}: {at('marlhf')}.")
             for rate in SWEEP_RATES["marlhf"]:
                 r = rec("marlhf", rate)
@@ -403,7 +490,8 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
     name = "centralized-prefill"
     prefill = of_method(records, name)
     if rates[name] is not None and prefill:
-        out.append(f"- **Centralised, first tag prefilled**: {sweep_line(sweep, name, rates[name])}.")
+        out.append(f"- **Centralised, first tag prefilled**: "
+                   f"{sweep_line(sweep, name, rates[name], note=notes.get(name))}.")
         out.append(f"  Eval `sections_found` {slash(ev('sections_found', 'eval_before')(r) for r in prefill)} before, "
                    f"{slash(ev('sections_found')(r) for r in prefill)} after (seeds {seeds(prefill)}); `length` after "
                    f"{slash(ev('length')(r) for r in prefill)}. At {rates[name]}: {at(name)}.")
@@ -416,7 +504,7 @@ def reading_methods(records: Sequence[Record], sweep: Sequence[Record], section3
             out.append(f"  At {rate:g}: training `sections_found` peaks at {v3(peak, 2)} (iteration "
                        f"{first_iteration(r, 'reward/sections_found', lambda x, p=peak: x == p)}) and ends at "
                        f"{v3(curve[-1], 2)}; eval total {v3(ev()(r))}.")
-    return out + against_baseline(records, SECTION_TESTS["methods"])
+    return out + against_baseline(records, SECTION_TESTS["methods"], notes)
 
 
 CODING_MEASURES = (("eval pass@1", ev("pass@1")), ("eval tests", ev("tests")))
@@ -461,7 +549,8 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
             grid = ", ".join(f"{x:g}" for x in rates)
             out.append(f"- **{method('coding', name).label}**: no sweep record yet (rates {grid}).")
             continue
-        line = f"- **{method('coding', name).label}**: {sweep_line(sweep, name, rate, rates)}."
+        line = (f"- **{method('coding', name).label}**: "
+                f"{sweep_line(sweep, name, rate, rates, note=edge_note(out_dir, name, 'coding'))}.")
         mine = of_method(records, name)
         if mine:
             parts = []
@@ -470,13 +559,61 @@ def reading_coding(records: Sequence[Record], sweep: Sequence[Record], out_dir: 
                 parts.append(f"`{key}` {ms(before)} -> **{ms(after)}** ({slash(after)})")
             line += f" At {rate}, seeds {seeds(mine)}: eval " + "; ".join(parts) + "."
         out.append(line)
+    notes = {name: note for name in CODING_SWEEP_RATES if (note := edge_note(out_dir, name, "coding"))}
+    validation = [float(r.get("validation", {}).get("pass@1", math.nan)) for r in sweep]
+    if validation and all(x == 0 for x in validation):
+        out.append(f"- **What chose the rates:** validation `pass@1` is {v3(0.0)} in every one of the {len(sweep)} "
+                   "sweep runs, so each rate was chosen on the other components of the total (format, definitions, "
+                   "syntax, the fraction of assertions passed), not on solved problems.")
     for t in family_tests(records, CODING_TESTS):
         label_a, label_b = method("coding", t.a).label, method("coding", t.b).label
         means = (f"{ms(list(t.values_a.values()))} against {ms(list(t.values_b.values()))}; "
                  if t.values_a and t.values_b else "")
-        out.append(f"- **The paper's claim, {label_a} above {label_b}** ({t.what}): {means}{reading_of(t)}.")
+        out.append(f"- **The paper's claim, {label_a} above {label_b}** ({t.what}): {means}{reading_of(t)}."
+                   f"{caveats(records, t, notes)}")
+    out += power_lines(records, out_dir)
     out.append("- **Not measured here:** the paper's discussion baseline (the agents exchange messages before "
                "writing), which this suite has no env for.")
+    return out
+
+
+POWER_PROBLEMS = (1, 2, 4)
+"""The plausible effects a coding budget is sized for: this many more eval problems solved (pass@1) or this
+share of the assertions (tests), out of the eval's problems."""
+
+
+def power_lines(records: Sequence[Record], out_dir: Path) -> list[str]:
+    """Section 5's budget statement, from the observed spread over seeds: for each paper's claim on pass@1
+    and on the tests passed (:data:`CODING_TESTS`), by its test as used, at the section's Bonferroni level,
+    the power its seeds have to detect an effect of :data:`POWER_PROBLEMS` problems of the eval's and the
+    seeds a side it would need for 80% power (``stats.seeds_needed``); and, assuming the spread over seeds
+    is the eval's sampling of problems (so that it shrinks as one over the square root of their number), the
+    eval problems that many seeds would stand for at the seeds run now."""
+    tested = [t for t in family_tests(records, CODING_TESTS) if t.test.defined]
+    if not tested:
+        return []
+    problems = next((int(r["flags"]["num-eval-problems"]) for r in records
+                     if "num-eval-problems" in r.get("flags", {})), None)
+    if problems is None:
+        return []
+    effects = [k / problems for k in POWER_PROBLEMS]
+    out = [f"- **The budget a claim would need** (the observed spread over seeds; each comparison by the test it "
+           f"used, at the section's Bonferroni level {LEVEL:g} / {tested[0].m}, for {POWER:.0%} power; an effect of "
+           + ", ".join(f"{k} problem{'s' if k > 1 else ''} of the {problems} ({v3(x)})"
+                       for k, x in zip(POWER_PROBLEMS, effects))
+           + "; on `tests`, the same shares of the assertions). In brackets, if the spread over seeds is the eval's "
+             "sampling of problems (shrinking as the square root of their number), about as many eval problems at "
+             "the seeds run now:"]
+    for t in tested:
+        n = min(len(t.values_a), len(t.values_b))
+        rows = budget(t, effects)
+        parts = []
+        for x, now, need in rows:
+            seeds_text = "beyond reach" if need is None else f"{need} seeds a side"
+            stand = "" if need is None else f" ({math.ceil(problems * need / n)} problems at {n} seeds)"
+            parts.append(f"{v3(x)}: power {now:.0%} now, {seeds_text}{stand}")
+        out.append(f"  {method_label(records, t.a)} - {method_label(records, t.b)} ({t.what}, {t.used}): "
+                   + "; ".join(parts) + ".")
     return out
 
 
@@ -498,6 +635,17 @@ section's one correction) and read by :func:`against_baseline`; a new section ad
 untrained evaluations are the same episodes (the premise, checked on the records, can still send a
 comparison to Welch's test); declared Welch: rows that play other episodes by design (another protocol or
 env, the single agent's prompts, a second turn's eval, a centralised model's prompts)."""
+
+
+SECTION_EFFECTS: dict[str, list[tuple[str, Value]]] = {
+    "magrpo": [("eval total", ev())],
+    "cory": [("eval pioneer sentiment", pioneer), ("eval observer sentiment", ev("sentiment_observer"))],
+    "preference": [("eval total", ev())],
+    "methods": [("eval total", ev())],
+    "coding": [("eval pass@1", ev("pass@1")), ("eval tests", ev("tests")), ("eval total", ev())],
+}
+"""The measures each section's table shows every trained row's training effect on (after minus before on
+the same evaluation, ``significance.effects_table``), beside its comparisons between rows."""
 
 
 Records = Sequence[Record]

@@ -321,6 +321,28 @@ def chosen_rate(out: Path, name: str, comparison: str = "methods") -> float | No
     return max(scores, key=lambda rate: (scores[rate], -rates[name].index(rate)))
 
 
+def grid_edge(out: Path, name: str, comparison: str = "methods") -> str | None:
+    """``lower`` or ``upper`` when method ``name`` of ``comparison`` chose the lowest or the highest rate of
+    its grid (:data:`SWEEPS`): the best rate may lie beyond it, and only a run outside the grid could say;
+    None when it chose a rate inside its grid, has no sweep, or its sweep is not complete. The same rule
+    for every method."""
+    rates = SWEEPS[comparison][1].get(name) if comparison in SWEEPS else None
+    chosen = chosen_rate(out, name, comparison) if rates else None
+    if chosen is None or not rates or len(rates) < 2:
+        return None
+    return "lower" if chosen == min(rates) else ("upper" if chosen == max(rates) else None)
+
+
+def edge_note(out: Path, name: str, comparison: str = "methods") -> str | None:
+    """The sentence a reading of a row chosen at its grid's edge carries (:func:`grid_edge`), else None."""
+    edge = grid_edge(out, name, comparison)
+    if edge is None:
+        return None
+    rates = SWEEPS[comparison][1][name]
+    return (f"its rate {chosen_rate(out, name, comparison):g} is at the {edge} edge of its grid "
+            f"({', '.join(f'{r:g}' for r in rates)}): the best rate may lie beyond it")
+
+
 def copy_sweep_record(out: Path, name: str, rate: float, path: Path, comparison: str = "methods") -> None:
     """Seed 0 of a swept method of ``comparison``: the sweep's record at the chosen ``rate`` (the same
     run, not run twice), renamed, with ``copied_from`` naming the sweep record."""

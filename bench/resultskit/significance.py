@@ -17,10 +17,12 @@ The tests table (:func:`significance_table`) and the sentences a reading states 
 (:func:`against_baseline`, :func:`reading_of`)."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .stats import Kind, TTest, bonferroni, simultaneous_confidence, t_test
+from .provenance import row_note
+from .stats import Kind, TTest, bonferroni, paired_t, seeds_needed, simultaneous_confidence, t_power, t_test
+from .summary import mean_std
 from .values import Record, Value, before_of, by_seed, ev, method_label, ms, of, of_method, slash, v3
 
 LEVEL = 0.05
@@ -243,9 +245,23 @@ def reading_of(t: Tested) -> str:
             f"{_p(t.adjusted_p)}: **{t.reading}**")
 
 
-def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison]) -> list[str]:
+def caveats(records: Sequence[Record], t: "Tested", notes: Mapping[str, str] | None = None) -> str:
+    """What a comparison's reading rests on that the numbers do not show, for each of its two rows: the
+    ``notes`` given for the row (a learning rate at an edge of its grid) and, from the records, the machines
+    and uncommitted trees its seeds ran on (:func:`provenance.row_note`); "" when there is none."""
+    parts = []
+    for name in dict.fromkeys((t.a, t.b)):
+        said = [x for x in ((notes or {}).get(name), row_note(of_method(records, name))) if x]
+        if said:
+            parts.append(f"{method_label(records, name)}: {'; '.join(said)}")
+    return f" Resting on: {'. '.join(parts)}." if parts else ""
+
+
+def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison],
+                     notes: Mapping[str, str] | None = None) -> list[str]:
     """The reading any section of comparisons can have (``SECTION_TESTS``): per comparison the claim, both
-    means, seed by seed where the rows are paired, and the reading of :func:`reading_of`."""
+    means, seed by seed where the rows are paired, the reading of :func:`reading_of` and what it rests on
+    (:func:`caveats`, with ``notes``: method -> what its reading must say, e.g. its rate at a grid's edge)."""
     out = []
     for t in family_tests(records, comparisons):
         if not (t.values_a and t.values_b):
@@ -256,5 +272,112 @@ def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison
             seeds = (f"; above it on {of(ahead, len(t.shared))} paired seeds (A - B: "
                      f"{slash(t.values_a[seed] - t.values_b[seed] for seed in t.shared)})")
         out.append(f"- **{claim_of(records, t.comparison)}** ({t.what}): {ms(list(t.values_a.values()))} against "
-                   f"{ms(list(t.values_b.values()))}{seeds}; {reading_of(t)}.")
+                   f"{ms(list(t.values_b.values()))}{seeds}; {reading_of(t)}.{caveats(records, t, notes)}")
     return out
+
+
+# ------------------------------------------------------------------------------------------ training effects
+@dataclass(frozen=True)
+class Effect:
+    """One trained row's change on one measure: after minus before training on the same evaluation (the
+    same problems and sampling seed), paired over its seeds, at 95% and at the table's simultaneous
+    confidence (one Bonferroni correction over the table's effects), with the Bonferroni-adjusted p."""
+
+    name: str
+    what: str
+    before: dict[int, float]
+    after: dict[int, float]
+    test: TTest
+    simultaneous: TTest
+    adjusted_p: float
+    m: int
+
+    @property
+    def reading(self) -> str:
+        """``up`` / ``down`` (the simultaneous interval wholly above / below 0), ``inconclusive`` (it covers 0)
+        or ``no test`` (fewer than two seeds, or the same change on every seed)."""
+        if not self.simultaneous.defined:
+            return "no test"
+        return "up" if self.simultaneous.low > 0 else ("down" if self.simultaneous.high < 0 else "inconclusive")
+
+
+def training_effects(records: Sequence[Record], measures: Sequence[tuple[str, Value]],
+                     level: float = LEVEL) -> list[Effect]:
+    """Every trained row (a method whose records trained: learner not ``eval``) on each of ``measures``
+    (what, value: an ``ev`` value, whose before-training counterpart is the same evaluation before): after
+    minus before over its seeds by the paired t-test (the same episodes before and after, by
+    construction of the run), and one Bonferroni correction over all of them. A measure a row does not
+    have (non-finite on every seed) is left out."""
+    found = []
+    for what, value in measures:
+        before_value = before_of(value)
+        if before_value is None:
+            raise ValueError(f"{what}: a training effect needs a value with a before-training measure")
+        for name in dict.fromkeys(r["method"] for r in records):
+            mine = [r for r in of_method(records, name) if r.get("learner") != "eval"]
+            if not mine:
+                continue
+            before = {r["seed"]: before_value(r) for r in mine}
+            after = {r["seed"]: value(r) for r in mine}
+            if not any(math.isfinite(x) for x in (*before.values(), *after.values())):
+                continue
+            seeds = sorted(before)
+            found.append((name, what, before, after, [after[s] for s in seeds], [before[s] for s in seeds]))
+    tests = [paired_t(a, b) for *_, a, b in found]
+    adjusted = bonferroni([t.p for t in tests])
+    m = sum(1 for t in tests if t.defined)
+    confidence = simultaneous_confidence(m, level)
+    return [Effect(name, what, before, after, test, paired_t(a, b, confidence), p, m)
+            for (name, what, before, after, a, b), test, p in zip(found, tests, adjusted)]
+
+
+def effect_of(e: Effect) -> str:
+    """``after - before d, 95% interval [lo, hi], simultaneous [lo, hi]: up`` (or why there is no test)."""
+    if not e.test.defined:
+        changes = {round(e.after[s] - e.before[s], 12) for s in e.before}
+        if len(e.before) >= 2 and len(changes) == 1:
+            return f"after - before {v3(e.test.difference)} on every seed: no spread, no test"
+        return f"after - before {v3(e.test.difference)} ({len(e.before)} seeds: a test needs two)"
+    return (f"after - before {v3(e.test.difference)}, 95% interval {_interval(e.test)}, simultaneous interval "
+            f"{_interval(e.simultaneous)}: **{e.reading}**")
+
+
+def effects_table(records: Sequence[Record], measures: Sequence[tuple[str, Value]]) -> list[str]:
+    """Markdown: each trained row's after minus before on the same evaluation (:func:`training_effects`),
+    beside the comparisons between rows."""
+    effects = training_effects(records, measures)
+    if not effects:
+        return []
+    m = effects[0].m
+    confidence = f"{effects[0].simultaneous.confidence * 100:.4g}%"
+    lines = [f"Training effects (each trained row against itself before training, on the same evaluation: after - "
+             f"before, paired over its seeds; one Bonferroni correction over the {m} effects of this table, each "
+             f"simultaneous interval at {confidence}; up / down: wholly above / below 0; inconclusive: it covers 0):",
+             "", "| row | measure | before | after | after - before, 95% interval | simultaneous interval | "
+             "p, adjusted p | reading | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    for e in effects:
+        stat = "—" if not e.test.defined else f"{_p(e.test.p)}, {_p(e.adjusted_p)}"
+        lines.append(f"| {method_label(records, e.name)} | {e.what} | {ms(list(e.before.values()))} | "
+                     f"{ms(list(e.after.values()))} | {v3(e.test.difference)} {_interval(e.test)} | "
+                     f"{_interval(e.simultaneous)} | {stat} | **{e.reading}** | {len(e.before)} |")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------ power
+POWER = 0.8
+"""The power a budget is sized for (the usual 80%)."""
+
+
+def budget(t: Tested, effects: Sequence[float], level: float = LEVEL) -> list[tuple[float, float, int | None]]:
+    """For one tested comparison, from its observed spread (the paired differences' sample std, or the
+    two rows' pooled one for Welch's test) at the section's Bonferroni level ``level / m``: for each
+    plausible ``effects`` size, the power its seeds have now (the smaller side) and the seeds a side its
+    test would need for :data:`POWER` (:func:`stats.seeds_needed`; None: beyond reach)."""
+    if t.used == "paired":
+        d = [t.values_a[s] - t.values_b[s] for s in t.shared]
+        sd, n = mean_std(d).std, len(d)
+    else:
+        a, b = mean_std(list(t.values_a.values())), mean_std(list(t.values_b.values()))
+        sd, n = math.sqrt((a.std ** 2 + b.std ** 2) / 2.0), min(a.n, b.n)
+    alpha = level / max(t.m, 1)
+    return [(x, t_power(t.used, x, sd, n, alpha), seeds_needed(t.used, x, sd, alpha, POWER)) for x in effects]

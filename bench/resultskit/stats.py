@@ -100,3 +100,48 @@ def simultaneous_confidence(m: int, level: float = 0.05) -> float:
     0.99
     """
     return 1.0 - level / max(m, 1)
+
+
+def t_power(kind: Kind, effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """The power of the two-sided ``kind`` test at level ``alpha`` to detect a true mean difference ``effect``
+    with ``n`` seeds a side (paired: ``n`` pairs, ``sd`` the spread of the differences; Welch: two rows of
+    ``n`` seeds each of spread ``sd``, the equal-variance degrees of freedom), from the noncentral t
+    (``scipy.stats.nct``). NaN when it is not defined (``n`` < 2, no spread).
+
+    >>> round(t_power("welch", 1.0, 1.0, 17), 2)
+    0.81
+    >>> round(t_power("paired", 0.5, 1.0, 34), 2)
+    0.81
+    """
+    if n < 2 or not (math.isfinite(sd) and sd > 0 and math.isfinite(effect)):
+        return math.nan
+    if kind == "paired":
+        df, scale = n - 1, sd / math.sqrt(n)
+    else:
+        df, scale = 2 * n - 2, sd * math.sqrt(2.0 / n)
+    ncp, crit = abs(effect) / scale, float(stats.t.ppf(1.0 - alpha / 2.0, df))
+    upper, lower = float(stats.nct.sf(crit, df, ncp)), float(stats.nct.cdf(-crit, df, ncp))
+    # Far in a tail scipy's noncentral t can answer NaN: there the tail is 0 (or the whole mass, above).
+    upper = (1.0 if ncp > crit else 0.0) if math.isnan(upper) else upper
+    return upper + (0.0 if math.isnan(lower) else lower)
+
+
+def seeds_needed(kind: Kind, effect: float, sd: float, alpha: float = 0.05, power: float = 0.8,
+                 most: int = 10_000) -> int | None:
+    """The fewest seeds a side (``kind``'s test at level ``alpha``) whose power to detect ``effect`` reaches
+    ``power`` (:func:`t_power`); None when not within ``most`` or not defined.
+
+    >>> seeds_needed("welch", 1.0, 1.0)
+    17
+    """
+    if not (math.isfinite(sd) and sd > 0 and effect):
+        return None
+    low, high = 2, 2
+    while t_power(kind, effect, sd, high, alpha) < power:
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    while low < high:  # the power grows with n: bisect for the first n that reaches it
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if t_power(kind, effect, sd, mid, alpha) < power else (low, mid)
+    return high
