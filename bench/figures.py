@@ -334,6 +334,8 @@ ITERATION_SHAPES = {"magrpo": "MAGRPO (2 agents, 1 problem x G=4, 48 tokens)",
                     "ppo": "PPO (`sentiment/imdb-v0`, 16 episodes, 4 epochs, 4-16 tokens)",
                     "cory": "CORY (the same settings, two agents)"}
 """``bench/iterations.py``'s learners and their bench shapes (its ``SHAPES``)."""
+ITERATION_TARGETS = {"magrpo": 3.5, "ppo": 2.5, "cory": 2.5}
+"""The speedups over main before the rollout engine that its issue asked for: targets, not measurements."""
 
 
 def iterations(measured: dict[str, dict[str, Any]]) -> str:
@@ -350,7 +352,52 @@ def iterations(measured: dict[str, dict[str, Any]]) -> str:
         lines.append(f"| {label} | {before['s_per_iteration']:.2f} s | **{after['s_per_iteration']:.2f} s** | "
                      f"**{d[learner]['speedup']:.2f}x** | {before['peak_rss_mb']} -> {after['peak_rss_mb']} MB | "
                      f"{100 * after['rollout_fraction']:.0f}% |")
+    targets = [f"{ITERATION_SHAPES[k].split(' (')[0]} {target:g}x: "
+               f"**{'met' if d[k]['speedup'] >= target else 'NOT met'}** ({d[k]['speedup']:.2f}x)"
+               for k, target in ITERATION_TARGETS.items() if k in d]
+    if targets:
+        lines += ["", f"The speedups the rollout engine's issue asked for over main before the engine, against "
+                      f"{d['before']} here: " + "; ".join(targets) + "."]
     return "\n".join(lines)
+
+
+def precision(measured: dict[str, dict[str, Any]]) -> str:
+    """bfloat16 against float32 on a CPU with bf16 instructions, float32's time over bfloat16's: the engine's
+    decode step (``bench/generate.py``; ``bench/decode_table.py`` per row count) and the embedded model's whole
+    scoring and training passes of the shape both dtypes were timed at (``bench/attention_training.py``: the
+    bf16 passes of ``attention_training.json``, the float32 ones of ``attention_passes_f32.json``; their rows
+    are other draws of the shape, so they are compared per real token)."""
+    g, table = measured["generate"], measured["decode_table"]["ms_per_step"]
+    step = g["ours_fp32"]["ms_per_step"] / g["ours_bf16"]["ms_per_step"]
+    f32, bf16 = table["float32 engine, 2 adapters"], table["bfloat16 engine, 2 adapters"]
+    counts = sorted(int(c) for c in bf16 if c in f32)
+    steps = [f32[str(c)] / bf16[str(c)] for c in counts]
+    def at(name: str) -> str:
+        record = measured[name]
+        threads = record["machine"]["threads"]
+        return (f"`bench/measured/{name}.json`, {threads} thread{'s' if threads != 1 else ''}, "
+                f"{record['measured']['when']} at {record['measured']['commit']}")
+
+    m = g["machine"]
+    text = [f"the engine's decode step **{step:.2f}x** at {g['rows']} rows ({at('generate')}: "
+            f"{g['ours_fp32']['ms_per_step']:.1f} against {g['ours_bf16']['ms_per_step']:.1f} ms) and {span(steps)} "
+            f"at {counts[0]}-{counts[-1]} rows ({at('decode_table')})"]
+    halves = {p["what"]: p for p in measured["attention_training"].get("passes", []) if p["dtype"] == "bfloat16"}
+    for p in measured["attention_passes_f32"].get("passes", []):
+        b = halves.get(p["what"])
+        if b is None or (b["rows"], b["positions"]) != (p["rows"], p["positions"]):
+            continue
+        ratio = {key: (p["now"][key] / p["tokens"]) / (b["now"][key] / b["tokens"]) for key in ("score_ms", "train_ms")}
+        text.append(f"a whole {p['what']} pass of the embedded model ({p['rows']} x {p['positions']}, a rank-8 "
+                    f"adapter and a value head), per real token: scoring **{ratio['score_ms']:.2f}x**, "
+                    f"training **{ratio['train_ms']:.2f}x** (float32: {at('attention_passes_f32')}, "
+                    f"{p['now']['score_ms']:.0f} / {p['now']['train_ms']:.0f} ms over {p['tokens']} tokens; "
+                    f"bfloat16: {at('attention_training')}, {b['now']['score_ms']:.0f} / {b['now']['train_ms']:.0f} "
+                    f"ms over {b['tokens']} tokens; each under its commit's bounds)")
+    quiet = all(measured[name]["measured"]["load"].startswith("nothing else running") for name in measured)
+    return (f"Measured on {m['cpu']} ({' '.join(m['isa'])}), {m['kernels']} kernels, "
+            + ("with nothing else running" if quiet else "load as each JSON says")
+            + "; float32's time over bfloat16's: " + "; ".join(text) + ".")
 
 
 TRAINING_ATTENTION = ("attention_training", "attention_training_avx2", "attention_passes_f32",
@@ -396,19 +443,92 @@ def training_attention(measured: dict[str, dict[str, Any]]) -> str:
     return text
 
 
+def cory_vs_ppo(measured: dict[str, dict[str, Any]]) -> str:
+    """``bench/cory_vs_ppo.py``: each model's last-5 task reward, KL and combined reward, its greedy eval before
+    and after, the run's wall and seconds an iteration; then what ``bench/iterations.py`` measured of the same
+    learners' iterations, the figure to quote for their speed."""
+    d, it = measured["docs/figures/cory_vs_ppo.json"], measured["iterations"]
+    ppo, cory = d["runs"]["ppo"], d["runs"]["cory"]
+    coef = 0.01
+    lines = ["`docs/figures/cory_vs_ppo.json` (its machine, date and commit not recorded; both runs at once, one "
+             "torch thread each, on a 2-core machine shared with other jobs, so the walls are inflated and only "
+             "comparable with each other): task reward = the model's own VADER sentiment in [-1, 1]; KL = `sum_t "
+             "log pi - log pi_ref` per response, nats; means over the last 5 iterations.", "",
+             f"| run | task reward | KL | r - {coef} KL | eval before -> after (greedy, "
+             f"{d['settings']['num_eval_problems']} reviews) | wall |", "|---|---|---|---|---|---|"]
+
+    def row(label: str, model: dict[str, float], evals: str, wall: str) -> str:
+        reward, kl = model["task_reward_last5"], model["kl_last5"]
+        return f"| {label} | {reward:.3f} | {kl:.2f} | {reward - coef * kl:.3f} | {evals} | {wall} |"
+
+    wall = lambda run: f"{run['wall_s']:.0f} s ({run['s_per_iteration_mean']:.0f} s/it)"  # noqa: E731
+    before, after = ppo["eval_before"]["eval_before/sentiment"], ppo["eval_after"]["eval/sentiment"]
+    lines.append(row("PPO (`agent`)", ppo["models"]["agent"], f"sentiment {before:.3f} -> {after:.3f}", wall(ppo)))
+    for model, role, label in (("model_0", "pioneer", "pioneer"), ("model_1", "observer", "observer")):
+        evals = (f"as {role} {cory['eval_before'][f'eval_before/sentiment_{role}']:.3f} -> "
+                 f"{cory['eval_after'][f'eval/sentiment_{role}']:.3f}")
+        lines.append(row(f"CORY `{model}` ({label} in it. 1-5 and 11-15)", cory["models"][model], evals,
+                         wall(cory) if model == "model_0" else "(same run)"))
+    swapped = cory["eval_after_as_trained_roles_swapped"]
+    lines += ["", f"The run's own final eval, with the next iteration's role map (a bug fixed since): model_1 as "
+                  f"pioneer {swapped['eval/sentiment_pioneer']:.3f}, model_0 as observer "
+                  f"{swapped['eval/sentiment_observer']:.3f}."]
+    speeds = "; ".join(f"{name} {it[key]['before']['s_per_iteration']:.2f} -> "
+                       f"**{it[key]['after']['s_per_iteration']:.2f} s an iteration** ({it[key]['speedup']:.2f}x)"
+                       for key, name in (("ppo", "PPO"), ("cory", "CORY")) if key in it)
+    lines += ["", "Seconds an iteration at these settings, one learner after the other: "
+                  f"{measured_on(it, 'iterations')} Before = {it['before']}, after in {it['machine']['dtype']}; "
+                  f"{it['iterations']} iterations a run, medians: {speeds}."]
+    return "\n".join(lines)
+
+
+def run_record(path: str) -> Callable[[dict[str, dict[str, Any]]], str]:
+    """A figure of one ``bench/run_record.py`` record: where, wall, CPU, peak RSS, seconds an iteration, the
+    training reward of each iteration and the greedy eval before and after, per component."""
+
+    def write(measured: dict[str, dict[str, Any]]) -> str:
+        d = measured[path]
+        m = d["machine"]
+        minutes, seconds = divmod(round(d["wall_s"]), 60)
+        keys = [k for k in d["eval_before"] if k != "return"]
+        lines = [f"Measured: {m['cpu']} ({' '.join(m['isa'])}), {m['threads']} thread, {m['dtype']}; {d['date']} at "
+                 f"{d['commit']}, on a shared machine (`{path}`, written by `bench/run_record.py`): wall "
+                 f"{minutes} min {seconds} s ({d['cpu_s']:.0f} s of CPU), peak RSS {d['peak_rss_mib']} MiB, "
+                 f"{', '.join(f'{s:.0f}' for s in d['s_per_iteration'])} s an iteration, training reward "
+                 f"{', '.join(f'{r:.3f}' for r in d['train_reward'])} (iterations 1-{len(d['train_reward'])}).", "",
+                 "| greedy eval | before | after |", "|---|---|---|"]
+        lines += [f"| `{k}` | {d['eval_before'][k]:.3f} | {d['eval_after'][k]:.3f} |" for k in keys]
+        return "\n".join(lines)
+
+    return write
+
+
 FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any]]], str]]] = {
     "generate": ("docs/agents.md", ("generate",), generate),
     "decode-table": ("docs/agents.md", ("decode_table",), decode_table),
     "decode-attention": ("docs/agents.md", ("attention", "attention_avx2"), decode_attention),
     "training-attention": ("docs/agents.md", TRAINING_ATTENTION, training_attention),
     "iterations": ("docs/agents.md", ("iterations",), iterations),
+    "precision": ("docs/agents.md", ("generate", "decode_table", "attention_training", "attention_passes_f32"),
+                  precision),
     "sandbox": ("docs/sandbox.md", ("sandbox",), sandbox),
     "procgen": ("docs/procgen.md", ("procgen",), procgen),
     "building-oracle": ("docs/building.md", ("procgen",), building_oracle),
     "building-throughput": ("docs/building.md", ("procgen",), building_throughput),
     "serve": ("docs/serving.md", ("serve",), serve),
+    "cory-vs-ppo": ("docs/cory.md", ("docs/figures/cory_vs_ppo.json", "iterations"), cory_vs_ppo),
+    "classeval-train": ("docs/classeval.md", ("docs/figures/classeval-train.json",),
+                        run_record("docs/figures/classeval-train.json")),
+    "procgen-train": ("docs/procgen.md", ("docs/figures/procgen-train.json",),
+                      run_record("docs/figures/procgen-train.json")),
 }
-"""name -> (doc, the JSONs of bench/measured/ it reads, what writes its markdown)."""
+"""name -> (doc, the JSONs it reads: a name in bench/measured/, or a run's record kept elsewhere by its path from the
+root, what writes its markdown)."""
+
+
+def source_path(root: Path, source: str) -> Path:
+    """Where a figure's source lies: ``bench/measured/<name>.json``, or a record's path from the root."""
+    return root / source if "/" in source else root / "bench" / "measured" / f"{source}.json"
 
 
 def rendered(root: Path = ROOT) -> dict[str, str]:
@@ -420,7 +540,7 @@ def rendered(root: Path = ROOT) -> dict[str, str]:
             text = (root / doc).read_text(encoding="utf-8")
         measured = {}
         for source in names:
-            path = root / "bench" / "measured" / f"{source}.json"
+            path = source_path(root, source)
             try:
                 measured[source] = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as error:

@@ -34,7 +34,11 @@ def test_every_figure_has_its_markers_and_sources(figures) -> None:
         for end in ("begin", "end"):
             assert text.count(figures.MARKER.format(name=name, end=end)) == 1, (name, end)
         for source in sources:
-            record = json.loads((figures.MEASURED / f"{source}.json").read_text(encoding="utf-8"))
+            record = json.loads(figures.source_path(ROOT, source).read_text(encoding="utf-8"))
+            if "/" in source:  # a run's record kept beside its doc: where and when, or its figure says unknown
+                where = {"machine", "date", "commit"} <= record.keys()
+                assert where or "not recorded" in figures.rendered()[doc], source
+                continue
             # Every kept measurement says where and when it was taken: the CPU, its ISA, the dtype, the commit.
             assert {"cpu", "isa", "dtype"} <= (record.get("machine") or record).keys(), source
             assert {"when", "load", "commit"} <= record["measured"].keys(), source
@@ -45,6 +49,7 @@ def copy_tree(tmp_path: Path, figures) -> Path:
         (tmp_path / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / doc, tmp_path / doc)
     shutil.copytree(figures.MEASURED, tmp_path / "bench" / "measured")
+    shutil.copytree(ROOT / "docs" / "figures", tmp_path / "docs" / "figures")
     return tmp_path
 
 
@@ -134,3 +139,37 @@ def test_the_serve_figure_is_what_its_json_says(figures) -> None:
     half = {True: "**met**", False: "**NOT met**", None: "not measured"}[t["half_rate_met"]]
     assert f"reaching at least half the in-process step rate: {half}" in text
     assert f"no episode lost, in any run: **{'yes' if d['no_episode_lost'] else 'NO'}**" in text
+
+
+def test_cory_s_seconds_an_iteration_are_iterations_json_s(figures) -> None:
+    """docs/cory.md quotes PPO's and CORY's seconds an iteration from bench/measured/iterations.json, and the
+    comparison's table from its run's JSON."""
+    it = json.loads((figures.MEASURED / "iterations.json").read_text(encoding="utf-8"))
+    run = json.loads((ROOT / "docs" / "figures" / "cory_vs_ppo.json").read_text(encoding="utf-8"))
+    text = figures.cory_vs_ppo({"iterations": it, "docs/figures/cory_vs_ppo.json": run})
+    for key, name in (("ppo", "PPO"), ("cory", "CORY")):
+        assert (f"{name} {it[key]['before']['s_per_iteration']:.2f} -> **{it[key]['after']['s_per_iteration']:.2f} "
+                f"s an iteration**") in text
+    assert f"| {run['runs']['ppo']['models']['agent']['task_reward_last5']:.3f} |" in text
+    assert text in (ROOT / "docs" / "cory.md").read_text(encoding="utf-8")
+
+
+def test_the_precision_and_target_figures_are_the_recorded_ones(figures) -> None:
+    """docs/agents.md's bfloat16-against-float32 ratios (the engine's step, whole passes per real token) and the
+    speedup targets' verdicts, hand-checked against bench/measured/."""
+    names = ("generate", "decode_table", "attention_training", "attention_passes_f32", "iterations")
+    measured = {name: json.loads((figures.MEASURED / f"{name}.json").read_text(encoding="utf-8")) for name in names}
+    text = figures.precision(measured)
+    g = measured["generate"]
+    assert f"decode step **{g['ours_fp32']['ms_per_step'] / g['ours_bf16']['ms_per_step']:.2f}x**" in text
+    f32 = next(p for p in measured["attention_passes_f32"]["passes"] if p["what"] == "medium")
+    bf16 = next(p for p in measured["attention_training"]["passes"] if p["what"] == "medium")
+    ratio = (f32["now"]["train_ms"] / f32["tokens"]) / (bf16["now"]["train_ms"] / bf16["tokens"])
+    assert f"training **{ratio:.2f}x**" in text
+    it = measured["iterations"]
+    targets = figures.iterations({"iterations": it})
+    for key, target in figures.ITERATION_TARGETS.items():
+        verdict = "met" if it[key]["speedup"] >= target else "NOT met"
+        assert f"{target:g}x: **{verdict}** ({it[key]['speedup']:.2f}x)" in targets
+    doc = (ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
+    assert text in doc and targets in doc
