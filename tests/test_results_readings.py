@@ -178,7 +178,8 @@ def test_a_reading_names_the_uncommitted_tree_and_the_machines_it_rests_on(kit) 
     dirty[3].pop("machine")  # ... and b's seed 0 from one its record does not name
     text = "\n".join(sig.against_baseline(dirty, sig.against("team", ["b"], test="paired")))
     assert ("Resting on: b: seeds ran on 3 machines: AMD EPYC (seed 1), Intel Xeon (seed 2), a machine its record "
-            "does not name (seed 0); seed 1 on an uncommitted tree (4f3d202d+dirty, its diff not kept).") in text
+            "does not name (seed 0); seeds ran at 2 commits: c0ffee (seeds 0, 2), 4f3d202 (seed 1); seed 1 on an "
+            "uncommitted tree (4f3d202d+dirty, its diff not kept).") in text
     notes = {"team": "its rate 1 is at the lower edge of its grid (1, 2): the best rate may lie beyond it"}
     text = "\n".join(sig.against_baseline(clean, sig.against("team", ["b"], test="paired"), notes))
     assert "Resting on: team: its rate 1 is at the lower edge" in text
@@ -237,3 +238,24 @@ def test_section_5_states_its_budget_from_the_records(kit) -> None:
     assert len(lines) == 1 + len(reading.CODING_TESTS) and all("seeds a side" in x for x in lines[1:])
     page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     assert all(line in page for line in lines)
+
+
+def test_a_reading_names_what_else_differs_between_two_trained_rows():
+    """Rows that differ in learning rate, compute or commits besides the method (section 5's two-turn row: another
+    rate, other commits, several times the CPU seconds) say so in the reading; like rows say nothing."""
+    from resultskit.provenance import row_note
+    from resultskit.significance import unlike_rows
+
+    def row(rate, cpu, commit, seed=0, curve=True):
+        return {"seed": seed, "flags": {"learning-rate": rate}, "cpu_s": cpu, "commit": commit,
+                "machine": {"cpu": "Xeon"}, "curve": [{"reward": 1.0}] if curve else []}
+
+    two_turn = [row(1e-3, 6355.0, "939079c", 0), row(1e-3, 5150.0, "83054b4", 1), row(1e-3, 5253.0, "83054b4", 2)]
+    one_turn = [row(3e-4, 1500.0, "83054b4", s) for s in range(3)]
+    said = unlike_rows(two_turn, one_turn)
+    assert "learning rate 0.001 against 0.0003" in said and "3.7x the CPU seconds" in said
+    assert "seeds ran at 2 commits: 939079c (seed 0), 83054b4 (seeds 1, 2)" in row_note(two_turn)
+    assert unlike_rows(one_turn, one_turn) is None and row_note(one_turn) is None
+    untrained = [row(1e-3, 100.0, "83054b4", s, curve=False) for s in range(3)]
+    trained = [row(1e-3, 1500.0, "83054b4", s) for s in range(3)]
+    assert unlike_rows(trained, untrained) is None  # an eval-only row's compute is no caveat

@@ -212,12 +212,15 @@ def _machine(r: Record) -> str:
 def row_note(records: Sequence[Record]) -> str | None:
     """What a reading that rests on one row's records must name, from the records alone: the machines its
     seeds ran on when they are more than one (a record that names none counts apart: it is not known to be
-    the same), and the seeds run on an uncommitted tree (``+dirty``: the code is not a commit; whether the
-    record keeps its diff). None when the row's seeds share one named machine and committed code.
+    the same), the commits when its seeds ran at more than one (another commit may sample or compute
+    otherwise from the same seed), and the seeds run on an uncommitted tree (``+dirty``: the code is not a
+    commit; whether the record keeps its diff). None when the row's seeds share one named machine and commit.
 
-    >>> print(row_note([{"seed": 0, "commit": "a"}, {"seed": 1, "commit": "b+dirty", "machine": {"cpu": "Xeon"}}]))
-    seeds ran on 2 machines: Xeon (seed 1), a machine its record does not name (seed 0); seed 1 on an
-    uncommitted tree (b+dirty, its diff not kept)
+    >>> import textwrap
+    >>> note = row_note([{"seed": 0, "commit": "a"}, {"seed": 1, "commit": "b+dirty", "machine": {"cpu": "Xeon"}}])
+    >>> print(textwrap.fill(note, 104))
+    seeds ran on 2 machines: Xeon (seed 1), a machine its record does not name (seed 0); seeds ran at 2
+    commits: a (seed 0), b (seed 1); seed 1 on an uncommitted tree (b+dirty, its diff not kept)
     >>> row_note([{"seed": 0, "commit": "a", "machine": {"cpu": "EPYC"}}]) is None
     True
     """
@@ -230,6 +233,13 @@ def row_note(records: Sequence[Record]) -> str | None:
         known = sorted(groups.items(), key=lambda kv: kv[0].startswith("a machine its record"))
         parts.append(f"seeds ran on {len(groups)} machines: "
                      + ", ".join(f"{name} ({_seed_list(s)})" for name, s in known))
+    commits_of: dict[str, list[int]] = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        if r.get("commit"):
+            commits_of.setdefault(r["commit"].removesuffix("+dirty")[:7], []).append(r["seed"])
+    if len(commits_of) > 1:
+        parts.append(f"seeds ran at {len(commits_of)} commits: "
+                     + ", ".join(f"{c} ({_seed_list(s)})" for c, s in commits_of.items()))
     if dirty:
         commits = sorted({r["commit"].removesuffix("+dirty")[:8] + "+dirty" for r in dirty})
         kept = sum(1 for r in dirty if r.get("diff"))

@@ -254,7 +254,44 @@ def caveats(records: Sequence[Record], t: "Tested", notes: Mapping[str, str] | N
         said = [x for x in ((notes or {}).get(name), row_note(of_method(records, name))) if x]
         if said:
             parts.append(f"{method_label(records, name)}: {'; '.join(said)}")
+    unlike = unlike_rows(of_method(records, t.a), of_method(records, t.b))
+    if unlike:
+        parts.append(f"the two rows differ in more than the method: {unlike}")
     return f" Resting on: {'. '.join(parts)}." if parts else ""
+
+
+UNLIKE_COMPUTE = 1.5
+"""Rows whose mean CPU seconds differ by more than this factor are named as unlike in compute."""
+
+
+def unlike_rows(a: Sequence[Record], b: Sequence[Record]) -> str | None:
+    """What besides the method differs between two trained rows, from their records: the learning rates they
+    trained at and the CPU seconds they took (a factor over :data:`UNLIKE_COMPUTE`); None when neither differs.
+
+    >>> a = [{"flags": {"learning-rate": 1e-3}, "cpu_s": 6000.0, "curve": [1]},
+    ...      {"flags": {"learning-rate": 1e-3}, "cpu_s": 5000.0, "curve": [1]}]
+    >>> b = [{"flags": {"learning-rate": 3e-4}, "cpu_s": 1500.0, "curve": [1]}]
+    >>> print(unlike_rows(a, b))
+    learning rate 0.001 against 0.0003; 3.7x the CPU seconds (5500 against 1500 a seed)
+    >>> unlike_rows(a, a) is None
+    True
+    """
+    def rates(rows: Sequence[Record]) -> list:
+        return sorted({(r.get("flags") or {}).get("learning-rate") for r in rows} - {None})
+
+    parts = []
+    ra, rb = rates(a), rates(b)
+    if ra and rb and ra != rb:
+        parts.append(f"learning rate {'/'.join(f'{x:g}' for x in ra)} against {'/'.join(f'{x:g}' for x in rb)}")
+    ca = [r["cpu_s"] for r in a if r.get("cpu_s")]
+    cb = [r["cpu_s"] for r in b if r.get("cpu_s")]
+    trained = all(r.get("curve") for r in (*a, *b))  # an untrained row only evaluates: its compute says nothing
+    if ca and cb and trained:
+        ma, mb = sum(ca) / len(ca), sum(cb) / len(cb)
+        factor = max(ma, mb) / min(ma, mb)
+        if factor > UNLIKE_COMPUTE:
+            parts.append(f"{ma / mb:.1f}x the CPU seconds ({ma:.0f} against {mb:.0f} a seed)")
+    return "; ".join(parts) or None
 
 
 def against_baseline(records: Sequence[Record], comparisons: Sequence[Comparison],
