@@ -256,7 +256,7 @@ def caveats(records: Sequence[Record], t: "Tested", notes: Mapping[str, str] | N
             parts.append(f"{method_label(records, name)}: {'; '.join(said)}")
     unlike = unlike_rows(of_method(records, t.a), of_method(records, t.b))
     if unlike:
-        parts.append(f"the two rows differ in more than the method: {unlike}")
+        parts.append(f"The two rows differ in more than the method: {unlike}")
     return f" Resting on: {'. '.join(parts)}." if parts else ""
 
 
