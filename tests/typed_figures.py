@@ -21,7 +21,7 @@ ELSEWHERE_NOTE = re.compile(r"^measured on (?P<machine>[^,]*(?:GPU|NVIDIA|H100|H
                             r"(?P<date>\d{4}-\d{2}-\d{2}), not reproducible here$")
 """A not-reproducible block's note: the GPU that measured it, the date, and the words the reader sees."""
 
-UNIT = (r"GB/s|TB/s|MB/s|tokens/s|tok/s|steps/s|it/s|programs/s|instances/s|CPU-s|s/it|ms|µs|us|ns|GiB|MiB|KiB|GB|MB|"
+UNIT = (r"GB/s|TB/s|MB/s|[a-z]+/s|CPU-s|s/it|ms|µs|us|ns|GiB|MiB|KiB|GB|MB|"
         r"KB|kB|TB|seconds?|minutes?|min|hours?|s|%")
 FIGURES = {
     "a number with a unit of time, memory, rate or share": re.compile(
@@ -30,6 +30,8 @@ FIGURES = {
     "a number faster or slower": re.compile(r"\d[\d.,]*\s*(?:%\s*)?(?:times\s+)?(?:faster|slower|cheaper)\b"),
     "a measured change (a -> b)": re.compile(r"-?\d+\.\d+\s*(?:->|→)\s*-?\d+\.\d+"),
     "a measured value (three decimals or more)": re.compile(r"(?<![\w.])-?\d+\.\d{3,}(?![\d.])"),
+    "a measured value (a metric, accuracy or score given a number)": re.compile(
+        r"\b(?:accuracy|scored?|goes from|measured)\s+(?:of\s+|at\s+)?-?\d+\.\d+", re.I),
 }
 """What a figure measured looks like: a rule's name -> its pattern."""
 
