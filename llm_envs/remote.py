@@ -42,6 +42,7 @@ from pettingzoo import AECEnv, ParallelEnv
 
 from llm_envs.core.agent_tokens import MixedTokenizersError, SharedTokenValues
 from llm_envs.core.base import build_spaces
+from llm_envs.core.parallel import check_step_call
 from llm_envs.core.state import build_state_space
 from llm_envs.core.task import Response, Task, TurnRecord
 from llm_envs.core.transcript import Transcript
@@ -659,11 +660,7 @@ class RemoteParallelEnv(RemoteEnv, ParallelEnv):
         return observations, {a: dict(i) for a, i in obs["infos"].items()}
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        self._require_started()
-        if not self.agents:
-            raise RuntimeError("The episode is over: call reset() before step().")
-        if not isinstance(actions, Mapping):
-            raise TypeError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}.")
+        check_step_call(self, actions)
         obs = self._take(self._step_request(dict(actions)))
         observations = {a: self._decode(a, w) for a, w in obs["observations"].items()}
         return (observations, dict(obs["rewards"]), dict(obs["terminations"]), dict(obs["truncations"]),

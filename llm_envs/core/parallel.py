@@ -51,6 +51,16 @@ from llm_envs.core.base import RENDER_MODES, LLMEnvCore
 from llm_envs.core.task import Response, Task
 
 
+def check_step_call(env: Any, actions: Any) -> None:
+    """What a parallel ``step`` refuses before looking at the actions: a step before reset or after the episode's
+    end, and actions that are not a mapping (the local env's and the remote env's, with the same messages)."""
+    env._require_started()
+    if not env.agents:
+        raise RuntimeError("The episode is over: call reset() before step().")
+    if not isinstance(actions, Mapping):
+        raise TypeError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}.")
+
+
 class ParallelLLMEnv(LLMEnvCore, ParallelEnv):
     """A task under the parallel protocol (a ``pettingzoo.ParallelEnv``). See the module docstring;
     the arguments are those of :class:`~llm_envs.core.base.LLMEnvCore`."""
@@ -78,11 +88,7 @@ class ParallelLLMEnv(LLMEnvCore, ParallelEnv):
         return observations, infos
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        self._require_started()
-        if not self.agents:
-            raise RuntimeError("The episode is over: call reset() before step().")
-        if not isinstance(actions, Mapping):
-            raise TypeError(f"actions must be a dict {{agent: action}}, got {type(actions).__name__}.")
+        check_step_call(self, actions)
         unknown = [a for a in actions if a not in self.agents]
         missing = [a for a in self.agents if a not in actions]
         if unknown or missing:
