@@ -66,6 +66,8 @@ def test_the_guard_passes_rendered_sections_code_and_marked_gpu_figures() -> Non
     ("It measured 8.11 responses/s for the tree.", "a number with a unit"),
     ("The reward model's 0.60 held-out accuracy of 0.60 was low.", "a measured value (a metric"),
     ("The share goes from 0.0 to 0.66 with the prefill.", "a measured value (a metric"),
+    ("77 of 105 pairs differ with AVX2's kernels.", "a measured count"),
+    ("None of 8 greedy responses held a tag.", "a measured count"),
     ("Packing cut 43% of the positions.", "a number with a unit"),
     ("The engine is 3.86x plain generate.", "a ratio"),
     ("Shared prompts make it 2 times faster.", "a number faster or slower"),

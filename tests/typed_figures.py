@@ -30,6 +30,8 @@ FIGURES = {
     "a number faster or slower": re.compile(r"\d[\d.,]*\s*(?:%\s*)?(?:times\s+)?(?:faster|slower|cheaper)\b"),
     "a measured change (a -> b)": re.compile(r"-?\d+\.\d+\s*(?:->|→)\s*-?\d+\.\d+"),
     "a measured value (three decimals or more)": re.compile(r"(?<![\w.])-?\d+\.\d{3,}(?![\d.])"),
+    "a measured count (N of M pairs, responses, runs, samples)": re.compile(
+        r"\b(?:none|\d+) of (?:the )?\d+\s+(?:\w+\s+)?(?:pairs|responses|runs|samples|problems)\b", re.I),
     "a measured value (a metric, accuracy or score given a number)": re.compile(
         r"\b(?:accuracy|scored?|goes from|measured)\s+(?:of\s+|at\s+)?-?\d+\.\d+", re.I),
 }
