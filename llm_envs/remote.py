@@ -26,12 +26,6 @@ Needs ``websockets`` (``pip install 'llm-envs[remote]'``); the server needs the 
 
 from __future__ import annotations
 
-import builtins
-import json
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,154 +40,14 @@ from llm_envs.core.parallel import check_step_call
 from llm_envs.core.state import build_state_space
 from llm_envs.core.task import Response, Task, TurnRecord
 from llm_envs.core.transcript import Transcript
-from llm_envs.serve.wire import (
-    ERROR_TYPES,
-    WIRE_VERSION,
-    decode_observation,
-    decode_state,
-    encode_action,
-)
+from llm_envs.serve.channel import Channel, ConnectionLost, RemoteEnvError, get_json, http_base
+from llm_envs.serve.wire import WIRE_VERSION, decode_observation, decode_state, encode_action
+
+__all__ = ["ConnectionLost", "RemoteAECEnv", "RemoteEnv", "RemoteEnvError", "RemoteParallelEnv", "RemoteTask",
+           "connect"]
 
 DEFAULT_TIMEOUT_S = 300.0
 """How long a request may wait for its answer (a code env's step runs programs)."""
-RECONNECT_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-class RemoteEnvError(RuntimeError):
-    """An error the server reported that is not the env's own (capacity, shutdown, an expired session, a message
-    the server could not read); ``code`` is the server's error code."""
-
-    def __init__(self, message: str, code: str | None = None, data: Mapping[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.data = dict(data or {})
-
-
-class ConnectionLost(RemoteEnvError, ConnectionError):
-    """The connection dropped and the session could not be resumed within ``resume_timeout_s``."""
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _http_base(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
-    if scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"url must be http(s)://host:port (or ws(s)://), got {url!r}.")
-    return f"{scheme}://{parts.netloc}{parts.path.rstrip('/').removesuffix('/ws')}"
-
-
-def _get_json(url: str, timeout_s: float, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        detail = err.read().decode(errors="replace")
-        raise RemoteEnvError(f"{url} answered {err.code}: {detail}", code=str(err.code)) from err
-    except (urllib.error.URLError, OSError) as err:
-        raise ConnectionLost(f"Cannot reach {url}: {err}. Is `llm-envs serve ID` running there?") from err
-
-
-class _Channel:
-    """One session's WebSocket, reconnected to the same session after a drop."""
-
-    def __init__(self, base: str, *, session_id: str | None, timeout_s: float, resume_timeout_s: float) -> None:
-        self.base = base
-        self.session_id = session_id
-        self.timeout_s = timeout_s
-        self.resume_timeout_s = resume_timeout_s
-        self._ws: Any = None
-        self.reconnects = 0
-
-    def _ws_url(self) -> str:
-        ws = "wss" if self.base.startswith("https") else "ws"
-        url = f"{ws}://{self.base.split('://', 1)[1]}/ws"
-        return url if self.session_id is None else f"{url}?session_id={urllib.parse.quote(self.session_id)}"
-
-    def _open(self) -> None:
-        from websockets.sync.client import connect
-
-        kwargs = {"open_timeout": self.timeout_s, "max_size": None, "compression": None}
-        try:  # a socket held across calls: websockets 17.1+ warns unless it is told so (legacy=True)
-            self._ws = connect(self._ws_url(), legacy=True, **kwargs)
-        except TypeError:  # 17.0 has no such flag, nor the warning
-            self._ws = connect(self._ws_url(), **kwargs)
-
-    def request(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send one message, return the answer's ``data``; reconnect and resend after a dropped connection."""
-        from websockets.exceptions import ConnectionClosed
-
-        text = json.dumps(message, allow_nan=False)
-        deadline: float | None = None
-        attempt = 0
-        while True:
-            try:
-                if self._ws is None:
-                    self._open()
-                self._ws.send(text)
-                answer = json.loads(self._ws.recv(timeout=self.timeout_s))
-                break
-            except (ConnectionClosed, OSError) as err:
-                self._drop()
-                if isinstance(err, TimeoutError):
-                    raise ConnectionLost(f"No answer to {message['type']!r} within {self.timeout_s:g} s.") from err
-                now = time.monotonic()
-                deadline = deadline or now + self.resume_timeout_s
-                if now >= deadline:
-                    raise ConnectionLost(
-                        f"Lost the connection to {self.base} and could not resume session {self.session_id} within "
-                        f"{self.resume_timeout_s:g} s: {err}") from err
-                time.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
-                attempt += 1
-                self.reconnects += 1
-        kind, data = answer.get("type"), answer.get("data", {})
-        if kind == "error":
-            code = data.get("code")
-            text = data.get("message", "")
-            error_type = data.get("error_type")
-            if code in ("UNKNOWN_SESSION", "CAPACITY_REACHED", "SHUTTING_DOWN", "IDLE_TIMEOUT", "FACTORY_ERROR"):
-                self._drop()
-            if error_type in ERROR_TYPES:
-                raise getattr(builtins, error_type)(text)
-            raise RemoteEnvError(f"{text} ({code})", code=code, data=data)
-        return data
-
-    def drop_connection(self) -> None:
-        """Close the socket without closing the session (what a network fault does): the next request resumes."""
-        if self._ws is not None:
-            self._ws.close(code=4001, reason="client dropped the connection")
-        self._ws = None
-
-    def _drop(self) -> None:
-        if self._ws is not None:
-            try:
-                self._ws.close()
-            except Exception:
-                pass
-        self._ws = None
-
-    def close(self) -> None:
-        """Close the session on the server (its env is freed) and the socket. A session this channel holds but never
-        attached to (a copy's fork) is attached first, so that it does not wait out its resume timeout. A request
-        after it starts a new session (a reset first, as for a new env)."""
-        if self._ws is None and self.session_id is not None:
-            try:
-                self._open()
-            except Exception:
-                self.session_id = None
-                return
-        if self._ws is not None:
-            try:
-                self._ws.send(json.dumps({"type": "close"}))
-            except Exception:
-                pass
-            self._drop()
-        self.session_id = None
 
 
 class RemoteTask:
@@ -224,7 +78,7 @@ class RemoteTask:
 
     def _task(self, split: str, index: int) -> Any:
         url = f"{self._base}/{self._name}/task"
-        return _get_json(url, self._timeout_s, {"split": split, "index": index})["task"]["problem"]
+        return get_json(url, self._timeout_s, {"split": split, "index": index})["task"]["problem"]
 
 
 class _RemoteProblems(Sequence):
@@ -249,15 +103,15 @@ class RemoteEnv(SharedTokenValues):
     def _connect(self, url: str, *, tokenizer: Any, timeout_s: float, resume_timeout_s: float | None,
                  session_id: str | None, render_mode: str | None, spec: Mapping[str, Any] | None = None) -> None:
         self.url = url
-        self._base = _http_base(url)
+        self._base = http_base(url)
         self._timeout_s = float(timeout_s)
-        spec = dict(spec) if spec is not None else _get_json(f"{self._base}/llm-envs/spec", self._timeout_s)
+        spec = dict(spec) if spec is not None else get_json(f"{self._base}/llm-envs/spec", self._timeout_s)
         if spec.get("wire_version") != WIRE_VERSION:
             raise RemoteEnvError(f"The server at {url} speaks wire version {spec.get('wire_version')}, this client "
                                  f"{WIRE_VERSION}: install the same llm-envs version on both sides.")
         self.spec = spec
         self._resume_timeout_s = float(spec["resume_timeout_s"] if resume_timeout_s is None else resume_timeout_s)
-        self._channel = _Channel(self._base, session_id=session_id, timeout_s=self._timeout_s,
+        self._channel = Channel(self._base, session_id=session_id, timeout_s=self._timeout_s,
                                  resume_timeout_s=self._resume_timeout_s)
         self.env_id = spec["env_id"]
         self.protocol = spec["protocol"]
@@ -419,45 +273,12 @@ class RemoteEnv(SharedTokenValues):
         return (self.split_flat(obs) if self.obs_format == "flat" else obs)["action_mask"].copy()
 
     def check_action(self, agent: str, action: Any) -> None:
-        """Validate one agent's action here, by the served env's rules (range, length, dtype, the action mask in
-        token mode), without sending it: a batch of remote envs (``llm_envs.core.vector``) checks every row before
-        any env steps. Raises the ``ValueError`` / ``TypeError`` the served env would; the server still checks
-        every action it gets."""
+        """Validate one agent's action by the served env's own rules (range, length, dtype, the action mask in
+        token mode) without stepping (the ``check`` message): a batch of remote envs (``llm_envs.core.vector``)
+        checks every row before any env steps. Raises the ``ValueError`` / ``TypeError`` the served env raises."""
         self._check_agent_name(agent)
         self._require_started()
-        V, T = self.vocab_size_of(agent), self.max_new_tokens
-        if self.step_unit == "token":
-            if isinstance(action, np.ndarray) and action.ndim == 0 and np.issubdtype(action.dtype, np.integer):
-                action = int(action)
-            if not isinstance(action, (int, np.integer)) or isinstance(action, (bool, np.bool_)):
-                raise TypeError(f"Action of agent {agent!r} must be one token id (an int in [0, {V - 1}]) with "
-                                f"step_unit='token', got {type(action).__name__}: {_short(action)}.")
-            if not 0 <= int(action) < V:
-                raise ValueError(f"Action of agent {agent!r} is token id {int(action)}, out of range [0, {V - 1}].")
-            pad = self.pad_token_id_of(agent)
-            if int(action) != pad and self._wire_observation(agent).get("action_mask", "all") != "all":
-                raise ValueError(f"Agent {agent!r} is not composing a response now (it has finished this turn's "
-                                 "response or it is not its turn): its action mask allows only the pad id "
-                                 f"{pad}, got {int(action)}.")
-            return
-        if isinstance(action, str):
-            n = len(self.tokenizer_of(agent)(action, add_special_tokens=False)["input_ids"])
-            if n > T:
-                raise ValueError(f"Action of agent {agent!r}: the text is {n} tokens long, more than "
-                                 f"max_new_tokens={T}. Shorten it or make the env with a larger max_new_tokens.")
-            return
-        if action is None:
-            raise TypeError(f"Action of agent {agent!r} is None; a live agent must act with token ids or a string.")
-        arr = np.asarray(action)
-        if arr.dtype == object or not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"Action of agent {agent!r} must hold integer token ids (or be a str), got dtype "
-                            f"{arr.dtype}: {_short(action)}.")
-        if arr.ndim != 1 or arr.shape[0] > T:
-            raise ValueError(f"Action of agent {agent!r} must be a 1-D array of at most max_new_tokens={T} token "
-                             f"ids, got shape {arr.shape}.")
-        if arr.size and (arr.min() < 0 or arr.max() >= V):
-            bad = arr[(arr < 0) | (arr >= V)]
-            raise ValueError(f"Action of agent {agent!r} has token ids out of range [0, {V - 1}]: {bad[:5].tolist()}.")
+        self._request({"type": "check", "data": {"agent": agent, "action": encode_action(action)}})
 
     # ------------------------------------------------------------------------------------ requests
     def _request(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -620,7 +441,7 @@ class RemoteEnv(SharedTokenValues):
     def __setstate__(self, state: dict[str, Any]) -> None:
         base, session_id, timeout_s, resume_timeout_s = state.pop("_channel_args")
         self.__dict__.update(state)
-        self._channel = _Channel(base, session_id=session_id, timeout_s=timeout_s, resume_timeout_s=resume_timeout_s)
+        self._channel = Channel(base, session_id=session_id, timeout_s=timeout_s, resume_timeout_s=resume_timeout_s)
         self._tokenizers = {}
         self._state_cache = None
 
@@ -712,8 +533,8 @@ def connect(url: str, *, tokenizer: Any = None, timeout_s: float = DEFAULT_TIMEO
     Returns:
         A :class:`RemoteParallelEnv` for a parallel env, a :class:`RemoteAECEnv` for a sequential one.
     """
-    base = _http_base(url)
-    spec = _get_json(f"{base}/llm-envs/spec", float(timeout_s))
+    base = http_base(url)
+    spec = get_json(f"{base}/llm-envs/spec", float(timeout_s))
     cls = RemoteParallelEnv if spec.get("protocol") == "parallel" else RemoteAECEnv
     env = cls.__new__(cls)
     env._connect(url, tokenizer=tokenizer, timeout_s=timeout_s, resume_timeout_s=resume_timeout_s,

@@ -1,4 +1,4 @@
-"""The wire format of a served env, shared by the server (:mod:`llm_envs.serve.server`) and the remote client
+"""The wire format of a served env, shared by the server (:mod:`llm_envs.serve.env`) and the remote client
 (:mod:`llm_envs.remote`): numpy and plain Python only, no web framework.
 
 An agent's observation travels as its prompt's token ids without the padding, plus its text:
