@@ -49,7 +49,6 @@ import platform
 import random
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -58,14 +57,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from processes import busy_processes, children_hwm_mb, commit, vm_hwm_mb  # noqa: E402
 from procgen import cpu_info  # noqa: E402
-from serving import START_TIMEOUT_S, Served, free_port  # noqa: E402
 
 import llm_envs  # noqa: E402
+from llm_envs.serve.process import Spawned, spawn, spawn_command  # noqa: E402
 
 ENVS = ("writing/xsum-v0", "coding/humaneval-v0")
 FAULT_ENV = "writing/xsum-v0"
@@ -153,43 +152,30 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------------------------ servers
-RUNNING: list[Served] = []
+RUNNING: list[Spawned] = []
 """Every server this bench started, stopped by its pid at the end whatever happens."""
 
 
-def start(command: list[str], name: str, log_dir: Path) -> Served:
-    """Start a server process listening on 127.0.0.1 at a free port and wait for its ``/health``."""
-    port = free_port()
-    log_path = log_dir / f"{name}-{port}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([*command, str(port)], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    served = Served(proc, port, log_path)
+def start(command: list[str], name: str, log_dir: Path) -> Spawned:
+    """Start a server process listening on 127.0.0.1 at a free port (its port last on its command line) and wait
+    for its ``/health``."""
+    served = spawn_command(command, log_path=log_dir / f"{name}.log")
     RUNNING.append(served)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} before answering:\n{served.log}")
-        try:
-            served.get("/health")
-            return served
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{name} did not answer /health within {START_TIMEOUT_S:g} s:\n{served.log}")
+    return served
 
 
-def start_env_server(env_id: str, log_dir: Path, make_kwargs: dict[str, Any] | None = None) -> Served:
-    command = [sys.executable, "-m", "baselines.infra.cli", "serve", env_id, "--host", "127.0.0.1",
-               "--max-sessions", "64", *(["--make-kwargs", json.dumps(make_kwargs)] if make_kwargs else []),
-               "--port"]
-    return start(command, env_id.replace("/", "-"), log_dir)
+def start_env_server(env_id: str, log_dir: Path, make_kwargs: dict[str, Any] | None = None) -> Spawned:
+    served = spawn(env_id, "--max-sessions", "64", log_path=log_dir / f"{env_id.replace('/', '-')}.log",
+                   make_kwargs=make_kwargs)
+    RUNNING.append(served)
+    return served
 
 
 TRACEBACKS: dict[str, int] = {}
 """Tracebacks each stopped server wrote to its log (a server that misbehaved under load)."""
 
 
-def stop(served: Served, name: str | None = None) -> None:
+def stop(served: Spawned, name: str | None = None) -> None:
     served.stop()
     if served in RUNNING:
         RUNNING.remove(served)
@@ -203,33 +189,6 @@ def stop_all() -> None:
             stop(served)
         except Exception as err:  # stop the others anyway
             print(f"could not stop the server of pid {served.proc.pid}: {err}", file=sys.stderr)
-
-
-def vm_hwm_mb(pid: int) -> float | None:
-    """A process's peak resident memory (VmHWM), in MB; None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def children_hwm_mb(pid: int) -> tuple[float | None, int | None]:
-    """The sum of the VmHWM of a process's descendants alive now (an upper bound of their peak: pages they share
-    count once each), and how many they are (psutil; None without it)."""
-    try:
-        import psutil
-    except ImportError:
-        return None, None
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return None, None
-    peaks = [v for v in (vm_hwm_mb(k.pid) for k in kids) if v is not None]
-    return sum(peaks), len(peaks)
 
 
 # ------------------------------------------------------------------------------------------------ the client
@@ -482,44 +441,6 @@ def reference_rewards(env_id: str, episodes: list[Episode], turns: int,
                 break
         out[episode.episode_id] = steps
     return out
-
-
-# ------------------------------------------------------------------------------------------------ the machine
-def busy_processes(skip: set[int]) -> list[str]:
-    """The other processes using a CPU now (over 0.5 s, >= 5% of a core): what else was running."""
-    try:
-        import psutil
-    except ImportError:
-        return ["unknown (no psutil)"]
-    procs = [p for p in psutil.process_iter(["pid", "name", "cmdline"]) if p.info["pid"] not in skip]
-    for p in procs:
-        try:
-            p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    time.sleep(0.5)
-    busy = []
-    for p in procs:
-        try:
-            share = p.cpu_percent(None)
-        except psutil.Error:
-            continue
-        if share >= 5:
-            words = [Path(w).name if i == 0 else w for i, w in enumerate(p.info["cmdline"] or [p.info["name"]])]
-            busy.append((share, " ".join(words)[:80]))
-    return [f"{what} ({share:.0f}% of a core)" for share, what in sorted(busy, reverse=True)[:8]]
-
-
-def commit() -> str | None:
-    """The short commit measured, ``-dirty`` when the served code (llm_envs/, baselines/) has uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        changed = subprocess.run(["git", "status", "--porcelain", "--", "llm_envs", "baselines"], cwd=ROOT,
-                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return (head + "-dirty" if changed else head) or None
 
 
 # ------------------------------------------------------------------------------------------------ the bench

@@ -119,11 +119,9 @@ def background(env_id: str, *, host: str = "127.0.0.1", port: int = 0, start_tim
     ``port=0`` takes a free port (``.port`` says which). Generated code still runs in the sandbox's processes.
     ``kwargs``: :func:`serve`'s. Stop it with ``.close()`` or a ``with`` block."""
     if port == 0:
-        import socket
+        from llm_envs.serve.process import free_port
 
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
+        port = free_port(host)
     server = _server(env_id, host=host, port=port, imports=kwargs.pop("imports", ()),
                      log_level=kwargs.pop("log_level", "warning"), announce=False, **kwargs)
     thread = threading.Thread(target=server.run, name=f"llm-envs serve {env_id}", daemon=True)
