@@ -12,8 +12,9 @@ from typing import Any
 
 from .comparisons import COMPARISONS, LAST, SWEEPS, method, settings_of, sweep_name, swept_comparison
 from .provenance import distinct_runs, provenance, provenance_counts, sampling_note, save_samplers, settings
-from .reading import ROLES, SECTION_EFFECTS, SECTION_TESTS, holders, reading, role_final
+from .reading import SECTION_EFFECTS, SECTION_TESTS, reading
 from .records import chosen_rate, completion_commands, edge_note, load_records, machine_label, missing_records
+from .roles import ROLES, holders, role_final
 from .significance import effects_table, significance_table
 from .summary import Summary as Summary
 from .summary import fmt, last_finite, last_mean, mean_std, value
