@@ -5,9 +5,11 @@ Each entry of :data:`FIGURES` names a doc, the JSONs it reads and a function tha
 doc holds the entry's two marker lines (:data:`MARKER`) and the text between them is replaced.
 ``--check`` writes nothing and fails when a doc is not what its JSONs make (tests/test_figures.py does the
 same). To add a measurement: run the bench with nothing else running, save its last stdout line under
-``bench/measured/`` with a ``measured`` entry (``when``, ``load``, ``commit``), render.
+``bench/measured/`` with a ``measured`` entry (``when``, ``load``, ``commit``), render. The GPU figures are one GPU
+window's JSONs (``scripts/gpu_window.sh``, ``bench/gpu_figures.py``): ``--gpu-from`` puts them in
+``bench/measured/gpu/`` first.
 
-    python bench/figures.py [--check]
+    python bench/figures.py [--check] [--gpu-from OUT/measured [RERUN/measured]]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_figures
 from resultskit.page import replace_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -521,13 +524,19 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], Callable[[dict[str, dict[str, Any
                         run_record("docs/figures/classeval-train.json")),
     "procgen-train": ("docs/procgen.md", ("docs/figures/procgen-train.json",),
                       run_record("docs/figures/procgen-train.json")),
+    "gpu": ("docs/agents.md", (gpu_figures.SOURCE,), gpu_figures.agents_section),
+    "gpu-readme": ("README.md", (gpu_figures.SOURCE,), gpu_figures.readme_section),
 }
-"""name -> (doc, the JSONs it reads: a name in bench/measured/, or a run's record kept elsewhere by its path from the
-root, what writes its markdown)."""
+"""name -> (doc, the JSONs it reads: a name in bench/measured/, a folder of bench/measured/ read whole (``gpu/``:
+one GPU window's JSONs, none yet at some commits), or a run's record kept elsewhere by its path from the root, what
+writes its markdown)."""
 
 
 def source_path(root: Path, source: str) -> Path:
-    """Where a figure's source lies: ``bench/measured/<name>.json``, or a record's path from the root."""
+    """Where a figure's source lies: ``bench/measured/<name>.json``, a folder ``bench/measured/<name>/``, or a
+    record's path from the root."""
+    if source.endswith("/"):
+        return root / "bench" / "measured" / source
     return root / source if "/" in source else root / "bench" / "measured" / f"{source}.json"
 
 
@@ -542,7 +551,8 @@ def rendered(root: Path = ROOT) -> dict[str, str]:
         for source in names:
             path = source_path(root, source)
             try:
-                measured[source] = json.loads(path.read_text(encoding="utf-8"))
+                measured[source] = (gpu_figures.load(path) if source.endswith("/")
+                                    else json.loads(path.read_text(encoding="utf-8")))
             except (OSError, ValueError) as error:
                 raise SystemExit(f"figure {name!r} reads {path}: {error}") from error
         docs[doc] = replace_section(text, name, write(measured), MARKER)
@@ -553,12 +563,19 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (tests/test_docs_commands.py parses the docs' command lines with it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; fail when a doc is stale")
+    parser.add_argument("--gpu-from", nargs="+", type=Path, default=None, metavar="DIR",
+                        help="first replace bench/measured/gpu/ by a GPU window's JSONs (its OUT/measured; a rerun's "
+                             "folder after the first), then render")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.gpu_from:
+        if args.check:
+            parser.error("--gpu-from writes bench/measured/gpu/: not with --check")
+        gpu_figures.copy_window(args.gpu_from, source_path(ROOT, gpu_figures.SOURCE))
     stale = []
     for doc, text in rendered().items():
         path = ROOT / doc

@@ -1,6 +1,6 @@
 """Time MAGRPO iterations: 2 agents, 8 problems x G=4, 48 new tokens, temperature 0.7, top-p 0.9, chat
 template, embedded SmolLM2-135M-Instruct. Prints JSON: s_per_iteration (and its rollout and update parts),
-samples_per_s, peak_rss_mb.
+samples_per_s, peak_rss_mb, peak_gpu_gib on CUDA, and the compiled update's seconds when it reports them.
 
     python bench/magrpo_step.py [--iterations 2] [--max-source-words 60] [--device cuda] [--shape 1.7b]
     python bench/magrpo_step.py --problems 1      # one prompt of 4 samples an iteration (issue #48's run)
@@ -61,6 +61,9 @@ def main() -> None:
             torch.cuda.synchronize(device)
 
     times, rollout_times, first = [], [], None
+    # Each iteration's compiled-update counters (``update_compile_s``, ``update_compiled_shapes``: what
+    # baselines/rl/compiled_update.py adds to update_agent's stats, summed over agents as its charts are), if any.
+    compiling: list[dict[str, float]] = []
     for it in range(args.iterations + 1):
         t0 = time.perf_counter()
         problems = rng.choice(len(venv.envs[0].task.problems("train")), size=config.num_problems, replace=False)
@@ -68,10 +71,14 @@ def main() -> None:
         turns = rollout(policy, venv, [it * n + i for i in range(n)], options, config)
         synchronize()
         t1 = time.perf_counter()
+        compiling.append({})
         for agent in agents:
             returns = discounted_returns(torch.tensor(turns[0].rewards[agent], dtype=torch.float32)[:, None], 1.0)
             adv = group_advantages(returns[:, 0].view(config.num_problems, -1)).reshape(-1, 1)
-            update_agent(policy, optimizers[agent], agent, turns, adv, config)
+            stats = update_agent(policy, optimizers[agent], agent, turns, adv, config) or {}
+            for key, value in stats.items():
+                if key.startswith("update_compile"):
+                    compiling[-1][key] = compiling[-1].get(key, 0.0) + float(value)
         synchronize()
         if it > 0:
             times.append(time.perf_counter() - t0)
@@ -80,7 +87,9 @@ def main() -> None:
             first = time.perf_counter() - t0
     s_per_it = float(np.mean(times))
     rollout_s = float(np.mean(rollout_times))
+    compile_keys = sorted({key for stats in compiling for key in stats})
     print(json.dumps({
+        "bench": "magrpo_step",
         "s_per_iteration": round(s_per_it, 3),
         "rollout_s": round(rollout_s, 3), "update_s": round(s_per_it - rollout_s, 3),
         "first_iteration_s": round(first or 0.0, 2),
@@ -91,6 +100,11 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "device": str(device), "shape": args.shape or "default (SmolLM2-135M-Instruct)",
         "peak_gpu_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None,
+        # The compiled update's counters: the untimed first iteration's, and the mean of the timed ones.
+        "update_compile": {key: {"first": compiling[0].get(key),
+                                 "mean_after": round(float(np.mean([s.get(key, 0.0) for s in compiling[1:]])), 4)
+                                 if compiling[1:] else None}
+                           for key in compile_keys},
         "machine": {**machine_description(policy.model.get_base_model().dtype), **device_description(device)},
     }))
 
