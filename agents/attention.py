@@ -31,7 +31,8 @@ def grouped_attention(
 ) -> torch.Tensor:
     """``softmax(q k^T / sqrt(d) + mask) v`` for ``q`` (N, H, S, D) and ``k``, ``v`` (N, KV, L, D) with
     ``H`` a multiple of ``KV`` (query head ``h`` reads KV head ``h // (H // KV)``, as ``enable_gqa``);
-    ``mask`` (N or 1, 1, S, L): True where a query may attend. Returns (N, H, S, D). One query per row
+    ``mask`` (N or 1, 1, S, L): True where a query may attend, or an additive bias in ``q``'s dtype (0 and
+    -inf: what SDPA makes of a boolean mask, built once for all layers). Returns (N, H, S, D). One query per row
     (a decode step): its ``H // KV`` heads of each KV head are folded into the query length.
 
     >>> q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
@@ -56,8 +57,9 @@ def transposed_key_attention(
     q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`grouped_attention` of one query per row (a decode step) over keys kept transposed:
-    ``k_t`` (N, KV, D, L), ``v`` (N, KV, L, D), written out (``softmax(q k^T / sqrt(d) + mask) v``, the
-    scores in ``q``'s dtype as transformers' eager attention computes them, the softmax in float32).
+    ``k_t`` (N, KV, D, L), ``v`` (N, KV, L, D), ``mask`` as :func:`grouped_attention`'s, written out
+    (``softmax(q k^T / sqrt(d) + mask) v``, the scores in ``q``'s dtype as transformers' eager attention
+    computes them, the softmax in float32).
     Over a growing KV cache on the CPU this is faster than the folded SDPA, whose kernel is slow for a
     few queries: a decode step of 16 rows over 48-600 cached keys 1.35-1.87x in bfloat16 on bf16
     instructions, 1.1-1.3x in float32 (``bench/attention.py``, ``bench/measured/attention.json``); with
@@ -77,8 +79,8 @@ def transposed_key_attention(
         raise ValueError(f"one query per row and query heads a multiple of {kv_heads} key/value heads, "
                          f"got q of shape {tuple(q.shape)}")
     scores = torch.matmul((q * dim**-0.5).reshape(n, kv_heads, heads // kv_heads, dim), k_t)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:  # a boolean mask, or the additive bias a step builds once for its layers
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     out = torch.matmul(scores.softmax(-1, dtype=torch.float32).to(q.dtype), v)
     return out.reshape(n, heads, 1, dim)
 

@@ -334,24 +334,6 @@ class FusedDecoder(LoraStacking):
         gate, up = self._project(x, w["gate_up"], lora["gate_up"], blocks).chunk(2, dim=-1)
         return hidden + self._project(F.silu(gate) * up, w["down"], lora["down"], blocks)
 
-    def decode_layers(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attend: Attend,
-        weights: list[dict[str, _Projection]],
-        loras: list[dict[str, LoraStack | None]],
-        blocks: list[int],
-    ) -> torch.Tensor:
-        """Run every decoder layer on ``hidden`` (N, S, H) of the engine's prefill and decode steps (no
-        gradients); ``attend`` does the attention proper, with the KV cache. Gradient passes go through
-        :meth:`hidden_states` / :meth:`hidden_states_shared` and :meth:`_stack`."""
-        for index, (layer, w, lora) in enumerate(zip(self.causal_lm.model.layers, weights, loras)):
-            q, k, v = self._qkv(layer, w, lora, hidden, cos, sin, blocks)
-            hidden = self._mlp(layer, w, lora, hidden, attend(index, q, k, v), blocks)
-        return hidden
-
     # ------------------------------------------------------------------ full-sequence forward
     def hidden_states(
         self,

@@ -13,9 +13,11 @@ few, large ops (the policy's scoring and training passes use the same decoder ov
   float32 as PEFT computes adapters, and on CPU a bf16 ``bmm`` of these shapes is ~20x slower); rows are
   grouped by agent, so a batch of two agents costs two extra small matmuls per projection, not a
   Python loop over adapters per layer as PEFT's mixed batches do;
-- a static KV cache (one allocation per call), RoPE computed once per step for all layers,
-  ``scaled_dot_product_attention`` with grouped KV heads read in place (:mod:`agents.attention`: on the
-  CPU ``enable_gqa`` copies the whole cache every step);
+- a decode step's layers are :mod:`agents.decode_step`'s: RoPE's tables and the attention mask (an
+  additive bias) built once a step for every layer, a layer's keys and values one tensor, each block's
+  LoRA added onto the base's output by its second product;
+- a static KV cache (one allocation per call), ``scaled_dot_product_attention`` with grouped KV heads
+  read in place (:mod:`agents.attention`: on the CPU ``enable_gqa`` copies the whole cache every step);
 - a prompt shared by several rows (the G samples of one problem, or rows repeated by the caller) is
   prefilled once and its cache copied to those rows;
 - rows that have emitted an EOS id leave the LM head and the sampler: only live rows pay for the
@@ -38,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from agents.attention import grouped_attention, span_attention, transposed_key_attention
+from agents.decode_step import DecodeAttend, DecodeLayers, additive_mask
 from agents.decoder import (
     SUPPORTED_MODEL_TYPES,
-    Attend,
     Block,
     FusedDecoder,
     bucket_length,
@@ -64,7 +66,7 @@ static step on CUDA where it applies, the dynamic loop elsewhere), ``"dynamic"``
 step run eagerly, on any device: what the graph replays) or ``"graph"`` (CUDA only)."""
 
 
-class RolloutEngine(FusedDecoder):
+class RolloutEngine(DecodeLayers, FusedDecoder):
     """Batched multi-adapter decoding for one Llama-family causal LM (possibly wrapped by PEFT).
 
     Built once per policy; :meth:`generate` is called with rows grouped by agent. The forward itself
@@ -188,16 +190,18 @@ class RolloutEngine(FusedDecoder):
                            and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_has_native_bf16())))
         key_shape = (*shape[:2], shape[3], shape[2]) if keys_transposed else shape
         layers = self.causal_lm.model.layers
-        pre_caches = [(torch.zeros(key_shape, dtype=dtype, device=device),
-                       torch.zeros(shape, dtype=dtype, device=device)) for _ in layers]
+        # Keys and values in one tensor a layer (one write a step), unless the keys are transposed.
+        pre_caches: list[Any] = [
+            (torch.zeros(key_shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            if keys_transposed else torch.zeros((2, *shape), dtype=dtype, device=device) for _ in layers]
         # Each block's adapter, stacked per projection in float32; the same stacks serve the sample rows.
         loras = [{k: self._lora(p, pre_blocks, torch.float32) for k, p in w.items()} for w in weights]
         positions = (pre_mask.cumsum(-1) - 1).clamp(min=0)
-        cos, sin = self.rope(positions, dtype)
-        prefill_mask = causal_allowed(pre_mask)
+        spans = self._spans(pre_mask)
+        prefill_mask = None if spans is not None else additive_mask(causal_allowed(pre_mask)[:, None], dtype)
         hidden = self.causal_lm.model.embed_tokens(pre_ids)
         hidden = self.decode_layers(
-            hidden, cos, sin, _cached(pre_caches, 0, prefill_mask[:, None], self._spans(pre_mask), keys_transposed),
+            hidden, self.rotary(positions, dtype), _cached(pre_caches, 0, prefill_mask, spans, keys_transposed),
             weights, loras, [b.rows for b in pre_blocks],
         )
         last = self.causal_lm.model.norm(hidden[:, -1:])  # (Bu, 1, H)
@@ -223,10 +227,13 @@ class RolloutEngine(FusedDecoder):
         identity = torch.equal(sample_source, torch.arange(len(pre_ids), device=device))  # False if sizes differ
         caches = []
         for i in range(len(pre_caches)):
-            k, v = pre_caches[i]
+            cache = pre_caches[i]
             pre_caches[i] = None
-            caches.append((k, v) if identity else (k[sample_source], v[sample_source]))
-            del k, v
+            if not identity:
+                cache = ((cache[0][sample_source], cache[1][sample_source]) if keys_transposed
+                         else cache[:, sample_source])
+            caches.append(cache)
+            del cache
         del pre_caches
         block_rows = [r for r, c in zip(row_blocks, pre_counts) if c > 0]
         last = last[sample_source]
@@ -290,10 +297,11 @@ class RolloutEngine(FusedDecoder):
                 history = torch.cat([history, step_ids], dim=1)
             position = position + 1
             key_mask[:, width + t] = True
-            cos, sin = self.rope(position[:, None], dtype)
             hidden = self.causal_lm.model.embed_tokens(step_ids)
-            attend = _cached(caches, width + t, key_mask[:, None, None, : width + t + 1], None, keys_transposed)
-            hidden = self.decode_layers(hidden, cos, sin, attend, weights, loras, block_rows)
+            bias = additive_mask(key_mask[:, None, None, : width + t + 1], dtype)  # once a step, read by every layer
+            attend = _cached(caches, width + t, bias, None, keys_transposed)
+            hidden = self.decode_layers(hidden, self.rotary(position[:, None], dtype), attend, weights, loras,
+                                        block_rows)
             last = self.causal_lm.model.norm(hidden)
         return _finished(out_ids[:, :steps], out_logprobs[:, :steps], eos, pad_token_id, limits)
 
@@ -352,8 +360,18 @@ class RolloutEngine(FusedDecoder):
             static = StaticDecode(self, key, weights, loras, (head_weight, head_bias), chosen)
         cache[key] = static  # most recently used last
         if mode == "graph" and static.graph is None:
-            static.capture()
+            static.capture(*self._graph_memory(device))
         return static
+
+    def _graph_memory(self, device: torch.device) -> tuple[Any, torch.cuda.Stream]:
+        """The memory pool and the capture stream that every static decoder of this engine on ``device``
+        captures into (made at the first capture): one pool an engine, so the kept graphs share one
+        workspace (why that is safe: :mod:`agents.graph`). The pool's memory goes when its last graph goes."""
+        pools = self.__dict__.setdefault("_graph_pools", {})
+        if str(device) not in pools:
+            with torch.cuda.device(device):
+                pools[str(device)] = (torch.cuda.graph_pool_handle(), torch.cuda.Stream(device=device))
+        return pools[str(device)]
 
 
 def _finished(
@@ -370,23 +388,29 @@ def _finished(
     return response, (~after_eos).long(), logprobs.masked_fill(after_eos, 0.0)
 
 
-def _cached(caches: list[tuple[torch.Tensor, torch.Tensor]], start: int, mask: torch.Tensor,
-            spans: list[tuple[int, int]] | None = None, keys_transposed: bool = False) -> Attend:
+def _cached(caches: list[Any], start: int, mask: torch.Tensor | None,
+            spans: list[tuple[int, int]] | None = None, keys_transposed: bool = False) -> DecodeAttend:
     """Attention that writes each layer's new keys and values at cache columns ``start ..`` and attends
-    over the cache up to them. A prefill (``start`` 0) attends over its own new keys and values, with
-    ``spans`` (:meth:`FusedDecoder._spans` of its rows) span by span, without the mask (the pad queries'
-    results, never read, are zeros). ``keys_transposed``: the key caches are (N, KV, D, L) and a decode
-    step attends through :func:`agents.attention.transposed_key_attention` (the dynamic loop on the CPU)."""
+    over the cache up to them (``mask``: the additive bias of :func:`agents.decode_step.additive_mask`).
+    A prefill (``start`` 0) attends over its own new keys and values, with ``spans``
+    (:meth:`FusedDecoder._spans` of its rows) span by span, without the mask (the pad queries' results,
+    never read, are zeros). A layer's cache is one (2, N, KV, L, D) tensor, keys then values, written at
+    once; with ``keys_transposed`` a pair of key cache (N, KV, D, L) and value cache (N, KV, L, D), and a
+    decode step attends through :func:`agents.attention.transposed_key_attention` (the dynamic loop on the
+    CPU)."""
 
-    def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_cache, v_cache = caches[index]
+    def attend(index: int, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        cache = caches[index]
         end = start + q.shape[2]
         if keys_transposed:
-            k_cache[:, :, :, start:end] = k.transpose(-1, -2)
+            k_cache, v_cache = cache
+            k_cache[:, :, :, start:end] = kv[0].transpose(-1, -2)
+            v_cache[:, :, start:end] = kv[1]
         else:
-            k_cache[:, :, start:end] = k
-        v_cache[:, :, start:end] = v
+            cache[:, :, :, start:end] = kv
+            k_cache, v_cache = cache[0], cache[1]
         if start == 0:
+            k, v = kv[0], kv[1]
             return span_attention(q, k, v, spans) if spans is not None else grouped_attention(q, k, v, mask)
         if keys_transposed:
             return transposed_key_attention(q, k_cache[:, :, :, :end], v_cache[:, :, :end], mask)

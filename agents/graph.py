@@ -20,6 +20,20 @@ step is :meth:`agents.engine.RolloutEngine`'s decode step rewritten that way:
   with ``static=True`` and the counter-based :func:`agents.sampling.race_draw` (random numbers from
   (key, step, token), no generator state); the host looks at ``live`` every :data:`CHECK_EVERY` steps.
 
+**One memory pool an engine.** Every decoder of one engine captures into the engine's pool, on its capture
+stream (:meth:`agents.engine.RolloutEngine._graph_memory`): a step's temporaries live in the pool, and a
+later capture reuses the blocks an earlier one freed, so the pool holds the largest step's workspace,
+not the sum of every kept graph's. Graphs that share a pool may not run concurrently, and a tensor one
+leaves in the pool may be overwritten by another's replay; neither happens here. Nothing a step keeps is
+allocated during capture: the KV cache, ``last``, the outputs and every other buffer a step reads or
+writes are allocated in ``__init__``, outside the graph, and a replay's temporaries are written before
+they are read within that replay, so no replay reads what another left behind. Replays are not
+concurrent: the engine decodes one call at a time, and :meth:`run` replays one decoder on the current
+stream and waits for it (``live``, the lengths) before it returns clones of the outputs, copies outside
+the pool; the next call's replays, of the same decoder or another, start after that. The pool's memory
+goes back to the allocator when the last graph captured into it goes: with the engine, or as its
+decoders are dropped (the handle itself holds nothing).
+
 The same step runs eagerly on any device (``decode="static"``): the tests check it equals the dynamic
 loop on the CPU and that it compiles with ``torch.compile(fullgraph=True)`` (no graph break: nothing
 that needs the host), before a GPU ever captures it.
@@ -35,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from agents.attention import grouped_attention
+from agents.decode_step import additive_mask
 from agents.sampling import choose
 
 if TYPE_CHECKING:
@@ -100,9 +115,9 @@ class StaticDecode:
         self.engine, self.key, self.weights, self.settings = engine, key, weights, settings
         self.head_weight, self.head_bias = head
         n, length, device, dtype = key.rows, key.length, torch.device(key.device), key.dtype
-        shape = (n, engine.num_kv_heads, length, engine.head_dim)
-        self.caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                       for _ in engine.causal_lm.model.layers]
+        # One tensor a layer, keys then values: a step writes both with one index_copy_.
+        shape = (2, n, engine.num_kv_heads, length, engine.head_dim)
+        self.caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in engine.causal_lm.model.layers]
         # The adapters' factors in the base's precision on a GPU (bf16 matmuls; float32 ones without TF32
         # took 60-75% of an H100's step), in float32 on the CPU as the dynamic loop (bf16 bmm is slow there).
         lora_dtype = dtype if device.type == "cuda" else torch.float32
@@ -158,24 +173,24 @@ class StaticDecode:
         column = self.width + self.t  # (1,): where this token's keys and values go
         self.key_mask.index_fill_(1, column, True)
         self.position.add_(1)
-        cos, sin = engine.rope(self.position[:, None], key.dtype)
-        caches, mask = self.caches, self.key_mask[:, None, None, :]
+        # RoPE's tables and the mask's bias once a step, read by every layer.
+        rotary = engine.rotary(self.position[:, None], key.dtype)
+        caches, bias = self.caches, additive_mask(self.key_mask[:, None, None, :], key.dtype)
 
-        def attend(index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            k_cache, v_cache = caches[index]
-            k_cache.index_copy_(2, column, k)
-            v_cache.index_copy_(2, column, v)
-            return grouped_attention(q, k_cache, v_cache, mask)
+        def attend(index: int, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            cache = caches[index]
+            cache.index_copy_(3, column, kv)  # this step's keys and values, one write
+            return grouped_attention(q, cache[0], cache[1], bias)
 
         hidden = engine.causal_lm.model.embed_tokens(token[:, None])
-        hidden = engine.decode_layers(hidden, cos, sin, attend, self.weights, self.loras, list(key.block_rows))
+        hidden = engine.decode_layers(hidden, rotary, attend, self.weights, self.loras, list(key.block_rows))
         self.last.copy_(engine.causal_lm.model.norm(hidden)[:, 0])
         self.t.add_(1)
 
     # ------------------------------------------------------------------ filling, capturing, running
     def load(
         self,
-        caches: list[tuple[torch.Tensor, torch.Tensor] | None],
+        caches: list[torch.Tensor | None],
         source: torch.Tensor,
         width: int,
         last: torch.Tensor,
@@ -184,17 +199,17 @@ class StaticDecode:
         keys: torch.Tensor,
         loras: list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]],
     ) -> None:
-        """Copy one call's state in: the prefill ``caches`` (freed layer by layer as copied) of the prompt
+        """Copy one call's state in: the prefill ``caches`` (2, Bu, KV, >= width, D) a layer, keys then
+        values (freed layer by layer as copied) of the prompt
         rows ``source`` (N,) of each sample row, its ``width`` prompt columns, the prefill's ``last``
         hidden states (Bu, H), the key mask (N, >= width), positions (N,), keys (N, 2), the adapters."""
         n = len(source)
         with torch.no_grad():
-            for i, (k_static, v_static) in enumerate(self.caches):
-                k, v = caches[i]
+            for i, static in enumerate(self.caches):
+                cache = caches[i]
                 caches[i] = None
-                k_static[:n, :, :width] = k[source, :, :width]
-                v_static[:n, :, :width] = v[source, :, :width]
-                del k, v
+                static[:, :n, :, :width] = cache[:, source, :, :width]
+                del cache
             self.last.zero_()
             self.last[:n] = last[source]
             self.key_mask.zero_()
@@ -224,12 +239,14 @@ class StaticDecode:
         self.key_mask.zero_()
         self.key_mask[:, 0] = True
 
-    def capture(self) -> None:
-        """Record :meth:`step` as a CUDA graph (after warm-up steps on a side stream, as capture needs),
-        with the decoder's device current: capture records on the current device's streams, so a decoder
-        on ``cuda:1`` captured while ``cuda:0`` is current would record an empty graph."""
+    def capture(self, pool: Any = None, stream: torch.cuda.Stream | None = None) -> None:
+        """Record :meth:`step` as a CUDA graph into the memory pool ``pool`` on ``stream`` (the engine's, shared
+        by its decoders: :meth:`agents.engine.RolloutEngine._graph_memory`; a pool's free blocks serve the
+        captures made on the stream they were captured on), after warm-up steps on that side stream, as
+        capture needs. With the decoder's device current: capture records on the current device's streams,
+        so a decoder on ``cuda:1`` captured while ``cuda:0`` is current would record an empty graph."""
         with torch.cuda.device(self.device):
-            stream = torch.cuda.Stream(device=self.device)
+            stream = stream if stream is not None else torch.cuda.Stream(device=self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.no_grad():
                 for _ in range(2):
@@ -238,7 +255,7 @@ class StaticDecode:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             self._blank()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph), torch.no_grad():
+            with torch.cuda.graph(graph, pool=pool, stream=stream), torch.no_grad():
                 self.run_step()
         self.graph = graph
 

@@ -82,9 +82,10 @@ TOP_P_CANDIDATES = 1024
 flat distribution) are handled over the whole vocabulary, so the result is exact either way."""
 
 TOP_K_TIES = 16
-"""The static path (CUDA graphs) keeps up to this many tokens tied with the k-th most likely beyond
-top-k's k (transformers keeps every tied token; bf16 logits tie often): its shapes may not depend on the
-values. More ties than this in one row is the one case where it and the dynamic path differ."""
+"""Top-k's window holds this many tokens beyond k (transformers keeps every token tied with the k-th; bf16
+logits tie often): the static path (CUDA graphs), whose shapes may not depend on the values, keeps at
+most these; the dynamic path reads the whole vocabulary for a row with more. More ties than this in one
+row is the one case where the two differ."""
 
 
 def sampling_distribution(
@@ -96,9 +97,12 @@ def sampling_distribution(
     depend on the arguments only and nothing synchronises with the host (a CUDA graph can hold it):
     top-k keeps at most :data:`TOP_K_TIES` tied tokens beyond k, and top-p alone sorts the whole
     vocabulary. Either way a token's probability is the same, and tokens outside the set get 0."""
-    if temperature != 1.0:
-        scores = scores / temperature
-    candidates = _candidates(scores, top_k, top_p, static)
+    if top_k > 0:
+        candidates = _top_k(scores, min(top_k, scores.shape[-1]), temperature, static)
+    else:
+        if temperature != 1.0:
+            scores = scores / temperature
+        candidates = _top_p_window(scores, top_p, static)
     if candidates is None:
         return scores.softmax(-1), None
     values, indices, normalizer = candidates
@@ -111,30 +115,41 @@ def sampling_distribution(
     return probs, indices
 
 
-def _candidates(
-    scores: torch.Tensor, top_k: int, top_p: float, static: bool = False
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """The tokens that can be drawn, most likely first: (values, indices) of shape (A, K) and the log
-    normaliser (A, 1) of the distribution top-p reads (over the top-k tokens when top-k applies, as
-    transformers masks the rest first; else over the vocabulary). ``None`` when no truncation applies
-    (top_k 0, top_p 1). Sorting K candidates instead of the vocabulary is the difference between
-    ~0.1 ms and ~20 ms a step on CPU."""
+def _top_k(
+    scores: torch.Tensor, k: int, temperature: float, static: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k's candidates, most likely first: (values, indices) (A, K), the values divided by the
+    temperature, those below the k-th -inf, and their log normaliser (A, 1) (top-p reads the distribution
+    over them, as transformers masks the rest first). Sorting K candidates instead of the vocabulary is
+    the difference between ~0.1 ms and ~20 ms a step on CPU.
+
+    The window is the raw scores' top ``k + TOP_K_TIES``, and only its values are divided: a correctly
+    rounded division by a positive number never reverses an order, so the window holds the divided
+    scores' top tokens, and the k-th divided score is the k-th of the divided vocabulary. The tokens
+    transformers keeps (every one tied with the k-th after the division: bf16 logits tie often) are then
+    in the window unless its last one ties too; the dynamic path (``static`` False) then reads the whole
+    divided vocabulary, the static one keeps the window (:data:`TOP_K_TIES`)."""
     vocab = scores.shape[-1]
-    if top_k > 0:
-        k = min(top_k, vocab)
-        if static:
-            values, indices = torch.topk(scores, min(k + TOP_K_TIES, vocab), dim=-1)
-            values = values.masked_fill(values < values[:, k - 1 : k], float("-inf"))
-            return values, indices, values.logsumexp(-1, keepdim=True)
-        values, indices = torch.topk(scores, k, dim=-1)
-        # transformers keeps every token tied with the k-th (common with bf16 logits): widen the window
-        # to the largest count of tokens at or above the k-th score, and drop what falls below it.
-        kth = values[:, -1:]
-        wide = int((scores >= kth).sum(-1).max())
-        if wide > k:
-            values, indices = torch.topk(scores, wide, dim=-1)
-            values = values.masked_fill(values < kth, float("-inf"))
-        return values, indices, values.logsumexp(-1, keepdim=True)
+    window = min(k + TOP_K_TIES, vocab)
+    values, indices = torch.topk(scores, window, dim=-1)
+    if temperature != 1.0:
+        values = values / temperature
+    kth = values[:, k - 1 : k]
+    if not static and window < vocab and bool((values[:, -1:] >= kth).any()):
+        scaled = scores / temperature if temperature != 1.0 else scores
+        values, indices = torch.topk(scaled, int((scaled >= kth).sum(-1).max()), dim=-1)
+    values = values.masked_fill(values < kth, float("-inf"))
+    return values, indices, values.logsumexp(-1, keepdim=True)
+
+
+def _top_p_window(
+    scores: torch.Tensor, top_p: float, static: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Top-p's candidates (no top-k), most likely first: (values, indices) (A, K) of the (divided) scores
+    and the log normaliser (A, 1) of the vocabulary; ``None`` when top-p is 1 (nothing truncates). The
+    dynamic path looks at the :data:`TOP_P_CANDIDATES` most likely tokens and sorts the vocabulary only
+    for rows whose top-p set is larger; the static one sorts it (fixed shapes)."""
+    vocab = scores.shape[-1]
     if top_p >= 1.0:
         return None
     normalizer = scores.logsumexp(-1, keepdim=True)

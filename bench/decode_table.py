@@ -1,12 +1,15 @@
 """Milliseconds per decode step on the embedded SmolLM2-135M (40-token chat prompts, KV cache, 48 steps):
-the bare loop (model forward with the cache and arg-max, no ``generate`` machinery), plain
-``model.generate`` (greedy), and the rollout engine (two LoRA adapters, half the rows each, sampling at
-temperature 0.7 / top-p 0.9 / top-k 50), each in float32 and bfloat16, for 4, 8, 16 and 32 rows.
-The three paths of a row count take turns, a run each (the first round a warm-up, not counted; each run
+the bare loop (model forward with the cache and arg-max, no ``generate`` machinery), timed over its steps
+alone and over the whole call (its prefill included), plain ``model.generate`` (greedy) and the rollout
+engine (two LoRA adapters, half the rows each, sampling at temperature 0.7 / top-p 0.9 / top-k 50), both
+whole calls, each in float32 and bfloat16, for 4, 8, 16 and 32 rows. A whole call's figure is its time
+over its steps: the engine's and ``generate``'s include their prefill, so the engine's like for like is
+the bare loop's whole call (``engine_over_bare``; ``engine_over_bare_steps`` against its steps alone).
+The paths of a row count take turns, a run each (the first round a warm-up, not counted; each run
 seeded alike), and each figure is the median of ``--repeats`` rounds: timed one path after another, the
 first paid for the process's first passes. Prints one JSON object on its last line.
 
-    python bench/decode_table.py [--rows 4 8 16 32] [--repeats 3]
+    python bench/decode_table.py [--rows 4 8 16 32] [--repeats 3] [--dtypes float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,6 +53,27 @@ def seeded(fn: Callable[[], float]) -> float:
     return fn()
 
 
+def bare_call_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> float:
+    """:func:`generate.bare_loop_ms` timed over the whole call, its prefill included, as the engine's and
+    ``generate``'s figures are: ms over its steps."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        attention = mask
+        for _ in range(steps):
+            attention = torch.cat([attention, torch.ones_like(token)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=token, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+            )
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+        int(token[0, 0])  # waits for the device
+    return 1000 * (time.perf_counter() - start) / steps
+
+
 def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> float:
     start = time.perf_counter()
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=STEPS,
@@ -67,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:<i> (default: a GPU when present)")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
                         help="random weights of one of SmolLM2's shapes instead of the embedded model")
@@ -80,7 +106,7 @@ def main() -> None:
 
     tokenizer = load_tokenizer(None)
     table: dict[str, dict[int, float]] = {}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in args.dtypes:
         model = base(dtype)
         policy = MultiAgentPolicy(base(dtype), tokenizer, ["helper", "main"], lora=LoraSettings())
         for rows in args.rows:
@@ -90,6 +116,7 @@ def main() -> None:
             prompts = {"helper": (ids[:half], mask[:half]), "main": (ids[half:], mask[half:])}
             runs = (
                 ("bare loop", functools.partial(bare_loop_ms, model, ids, mask, STEPS)),
+                ("bare loop, prefill included", functools.partial(bare_call_ms, model, ids, mask, STEPS)),
                 ("model.generate", functools.partial(generate_ms, model, tokenizer, ids, mask)),
                 ("engine, 2 adapters", functools.partial(engine_ms, policy, prompts)),
             )
@@ -97,10 +124,15 @@ def main() -> None:
             for name, ms in medians.items():
                 table.setdefault(f"{dtype} {name}", {})[rows] = round(ms["ms"], 1)
             print(json.dumps({dtype: {k: v for k, v in table.items() if k.startswith(dtype)}}), file=sys.stderr)
-    print(json.dumps({"ms_per_step": table, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
+    ratios = {name: {dtype: {rows: round(ms / table[f"{dtype} {bare}"][rows], 3)
+                             for rows, ms in table[f"{dtype} engine, 2 adapters"].items()}
+                     for dtype in args.dtypes}
+              for name, bare in (("engine_over_bare", "bare loop, prefill included"),
+                                 ("engine_over_bare_steps", "bare loop"))}
+    print(json.dumps({"ms_per_step": table, **ratios, "prompt_tokens": int(chat_prompts(tokenizer, 8)[1].sum(1).max()),
                       "steps": STEPS, "threads": torch.get_num_threads(), "device": str(device),
                       "shape": args.shape or "default (SmolLM2-135M-Instruct)",
-                      "machine": {**machine_description("float32 and bfloat16 (one table each)"),
+                      "machine": {**machine_description(" and ".join(args.dtypes) + " (one table each)"),
                                   **device_description(device)}}))
 
 

@@ -184,9 +184,10 @@ def test_captured_graph_equals_the_eager_static_step(tokenizer, device):
 
 def test_a_dropped_static_decoder_is_freed_without_a_collection(tokenizer, monkeypatch):
     """A decoder dropped from the engine's cache (least recently used) frees its KV cache (and on a GPU its
-    graph's memory pool) at once: nothing but the cache refers to it, no reference cycle waits for the
-    garbage collector. Also compiled: the compiled callable keeps what it was given, as torch.compile's does
-    (a stand-in here; with dynamo's eager backend the decoder is freed too, at 5 s a compile)."""
+    graph, whose blocks in the engine's pool the next capture reuses) at once: nothing but the cache refers
+    to it, no reference cycle waits for the garbage collector. Also compiled: the compiled callable keeps
+    what it was given, as torch.compile's does (a stand-in here; with dynamo's eager backend the decoder is
+    freed too, at 5 s a compile)."""
     import gc
     import weakref
 
@@ -252,7 +253,7 @@ def test_capture_and_replay_run_on_the_decoders_own_device(tokenizer, monkeypatc
             decoder.step()
 
     @contextlib.contextmanager
-    def capturing(_graph):
+    def capturing(_graph, pool=None, stream=None):
         events.append(("capture", current[0]))
         yield
 
@@ -269,6 +270,82 @@ def test_capture_and_replay_run_on_the_decoders_own_device(tokenizer, monkeypatc
     decoder.run(2, 3)
     assert events and all(e == ("replay", decoder.device) for e in events), events
     assert current[0] is None  # the guard was left
+
+
+def test_the_decoders_of_one_engine_capture_into_one_pool(tokenizer, monkeypatch):
+    """Every static decoder of one engine captures into the engine's one memory pool, on its one capture
+    stream (its warm-up steps too: a pool's free blocks serve the captures of their stream); another engine
+    has a pool of its own. The CUDA calls are stand-ins that record what the captures were given."""
+    import contextlib
+    import itertools
+
+    handles, captures, warmups = itertools.count(), [], []
+
+    class Stream:
+        def __init__(self, device=None):
+            self.device = device
+
+        def wait_stream(self, _other):
+            pass
+
+    class Graph:
+        def replay(self):
+            pass
+
+    @contextlib.contextmanager
+    def capturing(graph, pool=None, stream=None):
+        captures.append((pool, stream))
+        yield
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        warmups.append(stream)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", lambda _device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream(device))
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", capturing)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: ("pool", next(handles)))
+    ids, mask = batch(tokenizer, 2)
+    prompts = {a: (ids, mask) for a in AGENTS}
+    pools = []
+    for _engine in range(2):
+        policy = make_policy(tokenizer)
+        monkeypatch.setattr(policy.engine, "_decode_mode", lambda _device, static_ok: "graph")
+        captures.clear()
+        warmups.clear()
+        for temperature in (0.5, 0.6, 0.7):  # three keys: three decoders, three captures
+            policy.generate_joint(prompts, 1, max_new_tokens=2, temperature=temperature, top_k=5)
+        assert len(policy.engine._static) == 3 and all(d.graph is not None for d in policy.engine._static.values())
+        assert len(captures) == 3 and len({pool for pool, _ in captures}) == 1
+        assert all(stream is captures[0][1] for _, stream in captures) and captures[0][1] is not None
+        assert warmups and all(stream is captures[0][1] for stream in warmups)
+        pools.append(captures[0][0])
+    assert pools[0] != pools[1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU: run `make test-gpu` on one")
+def test_graphs_sharing_the_engines_pool_replay_in_any_order(tokenizer, device):
+    """Decoders captured into the engine's one pool, replayed alternately (one decoder's call between two of
+    another's), each give its eager static step's tokens: no replay reads what another left in the pool."""
+    if device.type != "cuda":
+        pytest.skip("run with --device cuda (make test-gpu)")
+    policy = make_policy(tokenizer)
+    ids, mask = batch(tokenizer, 3)
+    prompts = {a: (ids, mask) for a in AGENTS}
+    settings = [dict(temperature=0.9, top_k=10), dict(temperature=0.7, top_p=0.9, top_k=50)]
+    eager = [run(policy, "static", prompts, 2, [3, 4, 5], **s) for s in settings]
+    for _ in range(2):
+        for expected, sampling in zip(eager, settings):
+            graph = run(policy, "graph", prompts, 2, [3, 4, 5], **sampling)
+            for agent in AGENTS:
+                assert torch.equal(graph[agent].response_ids, expected[agent].response_ids)
+                torch.testing.assert_close(graph[agent].logprobs, expected[agent].logprobs, atol=1e-5, rtol=1e-5)
+    graphs = [d.graph for d in policy.engine._static.values() if d.graph is not None]
+    assert len(graphs) == 2 and graphs[0].pool() == graphs[1].pool()
 
 
 def test_static_decoder_follows_a_weight_replaced_in_any_layer(tokenizer):

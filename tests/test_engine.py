@@ -194,6 +194,8 @@ def test_sampling_distribution_matches_transformers_warpers(temperature, top_k, 
     logits = torch.randn(4, vocab) * 3
     logits[1] = torch.randn(vocab) * 0.01  # nearly flat: the top-p set exceeds the candidate window
     logits[2, :10] = 5.0  # ties at the top-k boundary
+    if top_p == 1.0:  # (top-p over tied tokens keeps an implementation's order of them: not compared)
+        logits[3, 100:140] = 20.0  # more ties with the k-th than top-k's window holds: the vocabulary is read
     expected = logits.clone()
     for warper in (
         TemperatureLogitsWarper(temperature) if temperature != 1.0 else None,

@@ -213,3 +213,17 @@ def test_the_version_is_read_from_one_place():
     version = re.search(r'^version = "([^"]+)"$', project, re.M).group(1)
     assert llm_envs.__version__ == version
     assert f"## [{version}]" in (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+MAX_MODULE_LINES = 650
+"""The layout's bound on a module's length: a module that grows past it is split by what its parts do."""
+
+
+def test_no_module_exceeds_the_line_bound():
+    """Every module of ``llm_envs``, ``agents``, ``baselines`` and ``bench`` has at most
+    :data:`MAX_MODULE_LINES` lines."""
+    paths = [path for folder in (*PACKAGES, "bench") for path in sorted((ROOT / folder).rglob("*.py"))]
+    assert len(paths) > 50 and any(path.parent.name == "bench" for path in paths)
+    long = {str(path.relative_to(ROOT)): n for path in paths
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
