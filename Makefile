@@ -42,7 +42,8 @@ test-fast: $(STAMP)
 # environment that has a CUDA build of torch (GPU_PY; .venv holds the CPU build): docs/agents.md "On a GPU".
 GPU_TESTS := tests/test_decode_graph.py tests/test_decoder.py tests/test_engine.py tests/test_agents.py \
 	tests/test_magrpo.py tests/test_ppo.py tests/test_cory.py tests/test_maac.py tests/test_central_critic.py \
-	tests/test_interrupt.py tests/test_teams.py tests/test_distributed.py tests/test_tree.py
+	tests/test_interrupt.py tests/test_teams.py tests/test_distributed.py tests/test_tree.py tests/test_decode_step.py \
+	tests/test_activation_budget.py tests/test_compiled_update.py
 GPU_PY ?= python3
 GPU_WORKERS ?= 8
 

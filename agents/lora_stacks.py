@@ -3,9 +3,13 @@
 :class:`agents.decoder.FusedDecoder` (and the rollout engine, its subclass) applies every block's adapter
 with two batched matmuls per fused projection: A (n_blocks, in, R) and B (n_blocks, R, out), the scaling
 folded into B and the fused modules' ranks side by side (B block-diagonal). This module builds those
-stacks from the adapters' own parameters, keeps them per adapter layout until an adapter changes, and
-hands each adapter its part of the stacks' gradients (:class:`StackedLora`), so gradients are those of
-building the stacks with differentiable ops every pass.
+stacks from the adapters' own parameters and, where launches dominate (off the CPU:
+:attr:`LoraStacking.keep_lora_stacks`), keeps them per adapter layout until an adapter changes and hands
+each adapter its part of the stacks' gradients (:class:`StackedLora`), so gradients are those of
+building the stacks with differentiable ops every pass. On the CPU the stacks are built with
+differentiable ops in every pass and freed with it: the ~30 ops a layer cost a CPU pass of hundreds of
+positions next to nothing, and the kept stacks (every adapter layout the run met, all layers, float32
+on a float32 base) raised a MAGRPO run's peak for no speed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,17 @@ class LoraStacking:
     """The LoRA-stacking methods of :class:`agents.decoder.FusedDecoder` (a mixin: the stacks it keeps live
     in the decoder's ``_lora_cache``, dropped when the fused weights are rebuilt)."""
 
+    keep_lora_stacks: bool | None = None
+    """Keep the stacks between passes (``True``), build them in every pass (``False``), or ``None``
+    (default): keep them where launches dominate a pass, i.e. on any device but the CPU (a CUDA decode
+    step runs its ~30 stacking ops a layer for a few rows), and build them on the CPU, where memory is the
+    scarcer resource. Set on an instance to override."""
+
+    def _keeps_stacks(self, device: torch.device) -> bool:
+        """Whether :meth:`_lora` keeps the stacks of projections on ``device`` (:attr:`keep_lora_stacks`)."""
+        keep = self.keep_lora_stacks
+        return device.type != "cpu" if keep is None else bool(keep)
+
     @staticmethod
     def _adapter(module: Any, adapter: str | None) -> tuple[torch.Tensor, torch.Tensor, float] | None:
         """(A (r, in), B (out, r), scaling) of ``adapter`` on ``module``, or ``None``."""
@@ -44,16 +59,19 @@ class LoraStacking:
         with the scaling folded into B and the modules' ranks side by side (B block-diagonal). ``None``
         when no block has an adapter on this projection.
 
-        Built once per adapter layout and kept until an adapter changes (in place: its version counter,
-        as ``optimizer.step()`` and ``load_state_dict`` bump it; or replaced: its storage), not rebuilt by
-        every pass (about 30 of a layer's ops). Under grad mode the stacks come through
-        :class:`StackedLora`, whose backward hands each adapter parameter its slice of the stacks'
-        gradients: the gradients are those of building the stacks with differentiable ops."""
+        Where :meth:`_keeps_stacks` says so (off the CPU by default), built once per adapter layout and
+        kept until an adapter changes (in place: its version counter, as ``optimizer.step()`` and
+        ``load_state_dict`` bump it; or replaced: its storage), not rebuilt by every pass (about 30 of a
+        layer's ops). Under grad mode the kept stacks come through :class:`StackedLora`, whose backward
+        hands each adapter parameter its slice of the stacks' gradients: the gradients are those of
+        building the stacks with differentiable ops, which is what every pass does elsewhere."""
         pairs = [[self._adapter(module, block.adapter) for module in proj.modules] for block in blocks]
         params = [t for row in pairs for pair in row if pair is not None for t in pair[:2]]
         if not params:
             return None
-        if torch.compiler.is_compiling():  # inside a compiled graph the stacking ops cost no launches
+        # Inside a compiled graph the stacking ops cost no launches; on the CPU they cost little, and the
+        # kept stacks memory.
+        if torch.compiler.is_compiling() or not self._keeps_stacks(proj.weight.device):
             return self._stack_lora(proj, pairs, dtype)[0]
         key = (id(proj), tuple(b.adapter for b in blocks), dtype)
         stamp = (tuple((p.data_ptr(), p._version) for p in params),

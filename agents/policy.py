@@ -64,7 +64,7 @@ from torch import nn
 
 from agents.acting import ActingMixin
 from agents.generation import Generation, GenerationMixin
-from agents.memory import tune_allocator
+from agents.memory import check_activation_budget, tune_allocator
 from agents.persistence import CHECKPOINT_FORMAT, MANIFEST_NAME, PersistenceMixin
 from agents.rows import ArrayLike, check_rows
 from agents.scoring import ScoringMixin
@@ -104,12 +104,17 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
             scoring and training passes also run through its fused forward (:mod:`agents.decoder`; the
             model's own forward through PEFT for LoRA dropout in gradient passes and for full
             fine-tuning); with ``"generate"``, through the model's own forward.
-        gradient_checkpointing: in the fused forward's gradient passes, recompute each layer in the
-            backward instead of keeping its activations (less memory, ~20% more update time).
+        gradient_checkpointing: in the fused forward's gradient passes, recompute in the backward the
+            layers whose activations do not fit in ``activation_budget_mb`` instead of keeping them
+            (``False``: every layer keeps its activations, whatever the budget).
         activation_budget_mb: with ``gradient_checkpointing``, the megabytes of activations a gradient
             pass may keep: as many layers as fit keep theirs (estimated by
-            :meth:`agents.decoder.FusedDecoder.activation_bytes`), only the rest are recomputed. 0
-            (default): every layer is recomputed.
+            :meth:`agents.decoder.FusedDecoder.activation_bytes`), only the rest are recomputed (one
+            more forward of those layers). ``"auto"`` (default): read at each gradient pass from the
+            free memory of the device it runs on (:func:`agents.memory.auto_activation_budget_mb`: a
+            quarter of CUDA's free memory, or of the host's available memory on the CPU), so a small
+            model's update with gigabytes free recomputes nothing and a pass that would not fit
+            recomputes what it must; 0: every layer is recomputed (the least memory).
         share_prompts: in the fused forward, compute a prompt that several rows of a pass repeat once
             (MAGRPO's G samples of a problem; docs/agents.md). ``False`` computes every row whole: the
             same numbers up to rounding, and the same rounding whatever else is in the pass.
@@ -128,12 +133,13 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
         mixed_batches: bool = True,
         backend: str = "auto",
         gradient_checkpointing: bool = True,
-        activation_budget_mb: float = 0.0,
+        activation_budget_mb: float | str = "auto",
         share_prompts: bool = True,
         dtype: str | torch.dtype | None = None,
         device: str | torch.device | Mapping[str, str | torch.device | None] | None = None,
     ) -> None:
         self.agents: tuple[str, ...] = check_agent_names(agents)
+        budget = check_activation_budget(activation_budget_mb)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         loras = per_agent(lora, self.agents, "lora")
@@ -207,14 +213,13 @@ class MultiAgentPolicy(ScoringMixin, GenerationMixin, ActingMixin, PersistenceMi
             )
         self._training = False
         self.gradient_checkpointing = bool(gradient_checkpointing)
-        """Gradient passes of the fused forward recompute each layer in the backward instead of keeping
-        its activations (docs/agents.md: about 1/10 of the update's memory for ~20% more update time)."""
-        if (isinstance(activation_budget_mb, bool) or not isinstance(activation_budget_mb, (int, float))
-                or not 0 <= activation_budget_mb < float("inf")):
-            raise ValueError(f"activation_budget_mb must be a number >= 0, got {activation_budget_mb!r}")
-        self.activation_budget_mb = float(activation_budget_mb)
+        """Gradient passes of the fused forward recompute in the backward the layers whose activations do
+        not fit in :attr:`activation_budget_mb` (docs/agents.md: each recomputed layer costs one more
+        forward of it); ``False`` keeps every layer's."""
+        self.activation_budget_mb: float | str = budget
         """With gradient checkpointing, the megabytes of activations a gradient pass keeps (the layers
-        that fit keep theirs; the rest are recomputed in the backward)."""
+        that fit keep theirs; the rest are recomputed in the backward), or ``"auto"``: a share of the
+        free memory of the pass's device, read at each pass (:meth:`activation_keep_mb`)."""
         self.share_prompts = bool(share_prompts)
         """Passes of the fused forward compute a prompt that several rows repeat once (MAGRPO's G samples
         of a problem); ``False`` computes every row whole (the same numbers, up to rounding)."""

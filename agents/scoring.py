@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agents.memory import auto_activation_budget_mb
 from agents.rows import ArrayLike, CheckedRows, distinct_rows, row_numbers
 from agents.settings import check_temperature
 from agents.team import BaseGroup
@@ -27,6 +28,13 @@ class ScoringMixin:
         if group.engine is None or group.full:
             return False
         return not (torch.is_grad_enabled() and self._training and group.dropout)
+
+    def activation_keep_mb(self, device: torch.device) -> float:
+        """The megabytes of activations a gradient pass on ``device`` keeps now: ``activation_budget_mb``,
+        or with ``"auto"`` :func:`agents.memory.auto_activation_budget_mb` (the device's free memory,
+        read at this call). Only gradient passes with checkpointing read it."""
+        budget = self.activation_budget_mb
+        return auto_activation_budget_mb(device) if budget == "auto" else float(budget)
 
     def _score(
         self,
@@ -64,6 +72,8 @@ class ScoringMixin:
             assert group.engine is not None
             if not self.share_prompts:
                 shared = (None, None)
+            checkpoint = self.gradient_checkpointing and torch.is_grad_enabled()
+            keep_mb = self.activation_keep_mb(group.device) if checkpoint else 0.0
             distinct, index = distinct_rows(p_ids, p_mask) if shared is None else shared
             if distinct is not None and index is not None:  # the G samples of a problem: its prompt once
                 u = len(distinct)
@@ -76,7 +86,7 @@ class ScoringMixin:
                 hidden = group.engine.hidden_states_shared(  # (B or 2B, T, H)
                     prompt_ids.repeat(n, 1), prompt_mask.repeat(n, 1), [Block(a, u) for a in adapters],
                     torch.cat([index + k * u for k in range(n)]), ids.repeat(n, 1), mask.repeat(n, 1), blocks,
-                    checkpoint=self.gradient_checkpointing, keep_mb=self.activation_budget_mb,
+                    checkpoint=checkpoint, keep_mb=keep_mb,
                 )[:, :length]
             else:
                 bucket = bucket_length(input_ids.shape[1])  # few distinct shapes (see bucket_length)
@@ -85,8 +95,7 @@ class ScoringMixin:
                 if with_reference:
                     input_ids, attention_mask = input_ids.repeat(2, 1), attention_mask.repeat(2, 1)
                 hidden = group.engine.hidden_states(  # (B or 2B, T, H)
-                    input_ids, attention_mask, blocks, keep, checkpoint=self.gradient_checkpointing,
-                    keep_mb=self.activation_budget_mb,
+                    input_ids, attention_mask, blocks, keep, checkpoint=checkpoint, keep_mb=keep_mb,
                 )
             if not with_logprobs and not with_reference and value_agent is not None:
                 assert self.value_heads is not None

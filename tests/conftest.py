@@ -16,6 +16,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # are as exact. numba reads this when first imported, so it is set for the whole session: set in one test
 # after another test's import, it leaves numba half-configured ("no attribute 'get_call_template'").
 os.environ.setdefault("NUMBA_DISABLE_JIT", "1")
+# The learners compile their update by default on a GPU (compile_update="auto"): tens of seconds a shape, which
+# every smoke test would pay under make test-gpu. Off for the session; the compiled update's own tests ask for it.
+os.environ.setdefault("LLM_ENVS_COMPILE_UPDATE", "off")
 
 import pytest
 from hub_fixtures import hub_fixture_rows, write_jsonl

@@ -207,7 +207,7 @@ def grouped(tokenizer, groups: int = 3, samples: int = 3, response: int = 7):
 
 @pytest.mark.parametrize("checkpoint", [True, False])
 def test_shared_prompts_give_the_whole_rows_scores_and_gradients(tokenizer, checkpoint, monkeypatch):
-    policy = make_policy(tokenizer, gradient_checkpointing=checkpoint)
+    policy = make_policy(tokenizer, gradient_checkpointing=checkpoint, activation_budget_mb=0)  # 0: recompute
     batch = grouped(tokenizer)
     passes = []
     real = policy.engine.hidden_states_shared
@@ -364,15 +364,50 @@ def test_qwen2_biases_and_grouped_heads(tokenizer):
     assert_both_near_exact(policy, twin, "main", episode(tokenizer))
 
 
-def test_lora_stacks_are_kept_until_an_adapter_changes_and_pass_gradients_exactly(tokenizer, monkeypatch):
-    """The stacked LoRA factors are built once per adapter layout, not every pass, and rebuilt when an
-    adapter changes (an optimizer step, in place; a replaced weight); gradients through the kept stacks
-    equal, bit for bit, those of stacking with differentiable ops in every pass (as before the cache).
-    Blocks helper, main, helper: one adapter in two blocks sums its two parts."""
+def test_lora_stacks_are_kept_where_launches_dominate_and_built_every_pass_on_the_cpu(tokenizer, monkeypatch):
+    """By default the stacks are kept off the CPU (a GPU pass pays for its launches) and built in every
+    pass, then freed, on the CPU (where their ops cost little and kept stacks cost memory); the
+    instance's ``keep_lora_stacks`` overrides the rule either way."""
     from agents.decoder import Block, FusedDecoder
 
     policy = make_policy(tokenizer)
     engine = policy.engine
+    assert engine.keep_lora_stacks is None  # the default: the device decides
+    assert engine._keeps_stacks(torch.device("cpu")) is False
+    assert engine._keeps_stacks(torch.device("cuda", 0)) is True
+    p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
+    ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
+    blocks = [Block("helper", 2), Block("main", 1)]
+    keep = torch.arange(p_ids.shape[1] - 1, ids.shape[1] - 1, device=ids.device)
+    builds = []
+
+    def counted(proj, pairs, dtype):
+        builds.append(proj)
+        return FusedDecoder._stack_lora(proj, pairs, dtype)
+
+    monkeypatch.setattr(engine, "_stack_lora", counted)
+    projections = 4 * len(engine.causal_lm.model.layers)  # qkv, o, gate_up, down of each layer
+    for keep_stacks, passes_building in ((None, 2 if ids.device.type == "cpu" else 1), (False, 2), (True, 1)):
+        engine.keep_lora_stacks = keep_stacks
+        engine.__dict__.pop("_lora_cache", None)
+        builds.clear()
+        for _ in range(2):
+            engine.hidden_states(ids, mask, blocks, keep).square().sum().backward()
+        assert len(builds) == passes_building * projections, (keep_stacks, len(builds))
+        assert len(engine.__dict__.get("_lora_cache", {})) == (projections if passes_building == 1 else 0)
+
+
+def test_lora_stacks_are_kept_until_an_adapter_changes_and_pass_gradients_exactly(tokenizer, monkeypatch):
+    """Where kept (forced here, so that the test means the same on the CPU and on CUDA), the stacked
+    LoRA factors are built once per adapter layout, not every pass, and rebuilt when an adapter changes
+    (an optimizer step, in place; a replaced weight); gradients through the kept stacks equal, bit for
+    bit, those of stacking with differentiable ops in every pass (what the CPU does by default). Blocks
+    helper, main, helper: one adapter in two blocks sums its two parts."""
+    from agents.decoder import Block, FusedDecoder
+
+    policy = make_policy(tokenizer)
+    engine = policy.engine
+    engine.keep_lora_stacks = True
     p_ids, p_mask, r_ids, r_mask = episode(tokenizer)
     ids, mask = torch.cat([p_ids, r_ids], 1), torch.cat([p_mask, r_mask], 1)
     blocks = [Block("helper", 1), Block("main", 1), Block("helper", 1)]
@@ -498,7 +533,7 @@ def test_head_chunks_are_as_few_as_fit_and_of_equal_size():
 
 
 def test_checkpointing_changes_memory_not_results(tokenizer):
-    policy = make_policy(tokenizer)
+    policy = make_policy(tokenizer, activation_budget_mb=0)  # every layer recomputed ("auto" keeps a tiny model's)
     batch = episode(tokenizer)
     assert policy.gradient_checkpointing  # the default
     with_checkpoints = loss_and_grads(policy, "main", batch)

@@ -416,10 +416,11 @@ def test_update_micro_batches_do_not_read_the_device_and_update_as_before(tiny_m
 def test_update_loss_and_backward_compile_whole_and_equal_the_eager_update(tiny_model_dir, tmp_path, device):
     """The update's micro-batch (baselines.rl.policy_gradient.micro_batch_loss: the fused forward, the clipped
     policy-gradient loss and the KL term) compiles with ``fullgraph=True`` (no graph break: nothing read back
-    to the host, as a captured GPU graph needs) through AOTAutograd (the backward traced too), and gives the
-    eager update's losses, gradients and weights after an optimizer step: the CPU's proxy for "the update runs
-    as one compiled graph on the GPU"."""
+    to the host, as a captured GPU graph needs) through AOTAutograd (the backward traced too), as
+    --compile-update runs it (baselines/rl/compiled_update.py), and gives the eager update's losses, gradients
+    and weights after an optimizer step. tests/test_compiled_update.py runs it inside a learner."""
     from agents import LoraSettings, MultiAgentPolicy
+    from baselines.rl.compiled_update import compiled_loss
     from baselines.rl.policy_gradient import micro_batch_loss
 
     config = tiny_config(tiny_model_dir, tmp_path, kl_coef=0.1, kl_in="loss", clip_eps=0.2)
@@ -441,7 +442,7 @@ def test_update_loss_and_backward_compile_whole_and_equal_the_eager_update(tiny_
         reference = policy.ref_logprobs("brief", g.prompt_ids, g.prompt_mask, g.response_ids, g.response_mask)
     start = [p.detach().clone() for p in policy.parameters("brief")]
 
-    def update(loss_fn) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    def update(compiled: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
         with torch.no_grad():
             for p, p0 in zip(policy.parameters("brief"), start, strict=True):
                 p.copy_(p0)
@@ -450,17 +451,20 @@ def test_update_loss_and_backward_compile_whole_and_equal_the_eager_update(tiny_
         optimizer = torch.optim.SGD(policy.parameters("brief"), lr=1e-2)
         # One micro-batch (a compile costs ~5 s here) of rows 1-5: prompts shared by 2 and 3 rows, ratios to the
         # old log-probs clipped, the KL term, both as sums over a turn's token count.
-        loss, pg, kl, _ = loss_fn(policy, "brief", rows[1:6], advantages[1:6], config, old=old[1:6],
-                                  reference=reference[1:6], kl_tokens=13.0, denominator=13.0)
-        loss.backward()
+        args = (policy, "brief", rows[1:6], advantages[1:6], config)
+        kwargs = dict(old=old[1:6], reference=reference[1:6], kl_tokens=13.0, denominator=13.0)
+        if compiled:  # the loss and its backward
+            loss, pg, kl, _ = compiled_loss(policy, micro_batch_loss, "aot_eager").run("brief", 1, *args, **kwargs)
+        else:
+            loss, pg, kl, _ = micro_batch_loss(*args, **kwargs)
+            loss.backward()
         losses = [loss.detach(), pg.detach(), kl.detach()]
         grads = [p.grad.clone() for p in policy.parameters("brief")]
         optimizer.step()
         return losses, grads, [p.detach().clone() for p in policy.parameters("brief")]
 
-    eager = update(micro_batch_loss)
-    torch._dynamo.reset()
-    compiled = update(torch.compile(micro_batch_loss, fullgraph=True, backend="aot_eager"))
+    eager = update(compiled=False)
+    compiled = update(compiled=True)
     # The same ATen ops in the same order (AOTAutograd's eager backend): equal up to its re-association of a
     # few element-wise ops; float32 rounding of this tiny model's sums, as tests/numerics.py bounds it.
     for a, b in zip(compiled[0], eager[0], strict=True):
@@ -490,7 +494,8 @@ def test_no_gradient_checkpointing_reaches_the_fused_forward_and_gives_the_same_
 
     spying("hidden_states")
     spying("hidden_states_shared")  # the G samples of a problem share its prompt
-    common = dict(num_iterations=1, num_eval_problems=0, learning_rate=1e-3)
+    # A budget of 0: with the default ("auto") both runs would keep every layer and compare nothing.
+    common = dict(num_iterations=1, num_eval_problems=0, learning_rate=1e-3, activation_budget_mb=0)
     states = {}
     for flag in (True, False):
         seen.clear()

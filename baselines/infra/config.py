@@ -319,19 +319,31 @@ class CoreConfig:
     threads: int | None = None
     """torch CPU threads (unset: torch's default)."""
     gradient_checkpointing: bool = True
-    """Recompute each decoder layer in the backward instead of keeping its activations (the fused
-    forward, agents/decoder.py): ~0.1 instead of ~0.9 MB a token for SmolLM2-135M in bf16, for ~1/3 more
-    update time. ``--no-gradient-checkpointing`` trades the memory for speed (docs/agents.md)."""
-    activation_budget_mb: float = 0.0
+    """Recompute in the backward the decoder layers whose activations do not fit in
+    --activation-budget-mb, instead of keeping them (the fused forward, agents/decoder.py).
+    ``--no-gradient-checkpointing`` keeps every layer's activations, whatever the budget (docs/agents.md)."""
+    activation_budget_mb: float | Literal["auto"] = "auto"
     """With gradient checkpointing, the megabytes of activations one gradient pass may keep: the decoder
     layers whose activations fit keep them (~40 KB a token a layer for SmolLM2-135M in bf16), only the
-    rest are recomputed in the backward. 0: every layer is recomputed (the least memory)."""
+    rest are recomputed in the backward (one more forward of each). ``auto``: a quarter of the free
+    memory of the pass's device, read at each gradient pass (CUDA's free memory; on the CPU the host's
+    available memory, within a container's limit): an update that fits recomputes nothing, one that
+    does not recomputes what it must. 0: every layer is recomputed (the least memory)."""
     share_prompts: bool = True
     """Compute a prompt that several rows of a pass repeat (MAGRPO's G samples of a problem) once in the
     fused forward's scoring and training passes (docs/agents.md). ``--no-share-prompts`` computes every
     row whole: the same update up to rounding, with rounding that does not depend on how rows are batched
     (runs on 1 and on N processes then agree to float32 rounding; with shared prompts they agree to it
     only until a rounding difference changes a sampled token)."""
+    compile_update: Literal["auto", "on", "off"] = "auto"
+    """Run the policy-gradient update's micro-batches (MAGRPO, MAAC's actors, MARLHF's RL stage) through one
+    ``torch.compile`` graph, forward and backward (baselines/rl/compiled_update.py): ``auto`` for an agent
+    on a CUDA device scored by the fused decoder, ``on`` everywhere, ``off`` never (the CPU default: eager).
+    Rows and widths are padded to coarse buckets, so a run compiles a few graphs, each at its shape's first
+    call (``charts/update_compile_s``); a graph break or too many recompiles is an error."""
+    compile_backend: str = "inductor"
+    """The ``torch.compile`` backend of --compile-update (``inductor``: generated kernels; ``aot_eager``:
+    forward and backward traced through AOTAutograd and run by the eager kernels, for tests)."""
 
     def __post_init__(self) -> None:
         check_ints(self, {"num_turns": 1, "num_iterations": 1, "max_new_tokens": 1, "lora_rank": 1,
@@ -345,10 +357,18 @@ class CoreConfig:
             "clip_eps": (0 < self.clip_eps < 1, "in (0, 1)"),
             "gamma": (0 <= self.gamma <= 1, "in [0, 1]"),
             "max_grad_norm": (self.max_grad_norm >= 0, ">= 0"),
-            "activation_budget_mb": (0 <= self.activation_budget_mb < float("inf"), ">= 0 and finite"),
         })
+        budget = self.activation_budget_mb
+        if isinstance(budget, (str, bool)) or not isinstance(budget, (int, float)):
+            if budget != "auto":
+                raise ValueError(f"activation_budget_mb must be 'auto' or a number >= 0, got {budget!r}")
+        else:
+            check_ranges(self, {"activation_budget_mb": (0 <= budget < float("inf"), ">= 0 and finite")})
         check_choice(self, "logprob_temperature", ("raw", "sampling"))
         check_choice(self, "backend", ("auto", "engine", "generate"))
+        check_choice(self, "compile_update", ("auto", "on", "off"))
+        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+            raise ValueError(f"compile_backend must name a torch.compile backend, got {self.compile_backend!r}")
         check_centralized(self)
         check_choice(self, "kl_in", ("reward", "loss"))
         if self.max_source_words is not None and (
@@ -472,7 +492,8 @@ class LearnerConfig(CoreConfig):
 
     resumable_fields: ClassVar[tuple[str, ...]] = (
         "num_iterations", "backend", "resume", "progress", "tensorboard", "wandb_project", "checkpoint_every",
-        "eval_every", "samples_every", "device", "threads", "output_dir", "run_name",
+        "eval_every", "samples_every", "device", "threads", "output_dir", "run_name", "compile_update",
+        "compile_backend", "gradient_checkpointing", "activation_budget_mb",
     )
     """Fields that may change when a run is resumed (they do not change what is computed)."""
 

@@ -45,6 +45,7 @@ from baselines.infra.evaluation import summary
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
+from baselines.rl.compiled_update import compile_charts
 from baselines.rl.critic import (
     CriticReader,
     central_context,
@@ -331,6 +332,7 @@ def main(config: Config, *, reward_wrapper: Callable[[Any], Any] | None = None) 
                 "losses/value_loss": critic_stats["value_loss"],
                 "losses/pg_loss": float(np.mean([metrics[f"agent_{a}/pg_loss"] for a in agents])),
                 **mean_over_agents(metrics, ("kl",), agents),
+                **compile_charts(metrics, agents),
                 "agent_critic/grad_norm": critic_stats["grad_norm"],
                 "charts/critic_value": float(rows["old_values"].mean()),
                 "charts/critic_explained_variance": float(explained),

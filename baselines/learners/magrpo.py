@@ -43,6 +43,7 @@ from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn, probe_env, rollout, team_env_kwargs
 from baselines.infra.run import Run, mean_over_agents
 from baselines.rl import tree
+from baselines.rl.compiled_update import compile_charts
 from baselines.rl.policy_gradient import (
     Aggregation,
     Baseline,
@@ -400,6 +401,7 @@ def add_charts(
     run.extra["samples"] = int(run.extra.get("samples", run.start_step * n_envs * config.num_turns))
     run.extra["samples"] += joint_samples
     metrics.update(mean_over_agents(metrics, ("pg_loss", "loss", "kl", "clip_fraction"), agents))
+    metrics.update(compile_charts(metrics, agents))  # --compile-update: seconds spent compiling, graphs so far
     elapsed = time.perf_counter() - t0
     metrics.update({
         "charts/iteration": step,

@@ -37,6 +37,7 @@ from baselines.infra.evaluation import summary  # noqa: F401  (the closing lines
 from baselines.infra.metrics import reward_metrics
 from baselines.infra.play import Turn
 from baselines.infra.run import Run, mean_over_agents
+from baselines.rl.compiled_update import compile_charts
 from baselines.rl.critic import CriticReader
 from baselines.rl.policy_gradient import Aggregation, Baseline, group_advantages, update_agent
 from baselines.rl.preference import PairBuffer, candidate_kl
@@ -339,6 +340,7 @@ def main(config: Config) -> dict[str, Any]:
                 stats = update_agent(policy, optimizers[agent], agent, [turn], adv, actor)
                 metrics.update({f"agent_{agent}/{k}": v for k, v in stats.items()})
             metrics.update(mean_over_agents(metrics, ("pg_loss", "loss", "kl"), agents))
+            metrics.update(compile_charts(metrics, agents))
             step = iteration + 1
             if config.iterative:
                 if run.main:

@@ -67,10 +67,6 @@ class Config(LearnerConfig):
     learning_rate: float = 1e-4
     gamma: float = 1.0
     num_eval_problems: int = 16
-    # PPO's passes are short (16 episodes of a few dozen tokens): keeping most layers' activations costs
-    # ~250 MB and saves ~15% of the update's time (docs/agents.md).
-    activation_budget_mb: float = 256.0
-
     batch_size: int = 16
     """Episodes per iteration (the paper: 256)."""
     minibatch_size: int = 16

@@ -26,6 +26,17 @@ import torch
 from agents.rows import to_device
 from baselines.infra import distributed
 from baselines.infra.play import Turn
+from baselines.rl.compiled_update import (
+    CHARTS,
+    CompiledLoss,
+    coarse_length,
+    compile_wanted,
+    compiled_loss,
+    compiled_slices,
+    pad_rows,
+    pad_to,
+    scores_fused,
+)
 from baselines.rl.tensors import masked_mean
 
 Baseline = Literal["mean", "rloo", "max", "none"]
@@ -84,7 +95,7 @@ def policy_gradient_loss(
     aggregation: Aggregation = "token-mean",
     old_logprobs: torch.Tensor | None = None,
     clip_eps: float = 0.2,
-    denominator: float | None = None,
+    denominator: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Policy-gradient loss over response tokens: (N, T) log-probs, (N,) advantages, (N, T) mask -> scalar.
 
@@ -95,7 +106,8 @@ def policy_gradient_loss(
 
     ``denominator`` replaces the local count (tokens for token-mean, responses for sequence-sum) by a
     given one: with several processes, the global count, so that the rank losses add up to the
-    one-process loss (see baselines/infra/distributed.py).
+    one-process loss (see baselines/infra/distributed.py); a 0-dim tensor is read on the device (the
+    compiled update's, baselines/rl/compiled_update.py, whose graph must not depend on its value).
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages.to(logprobs.dtype).unsqueeze(1)  # (N, 1)
@@ -106,11 +118,11 @@ def policy_gradient_loss(
         per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
     if aggregation == "token-mean":
         if denominator is not None:
-            return (per_token * mask).sum() / max(float(denominator), 1.0)
+            return (per_token * mask).sum() / _at_least_one(denominator)
         return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
     if aggregation == "sequence-sum":
         if denominator is not None:
-            return (per_token * mask).sum() / max(float(denominator), 1.0)
+            return (per_token * mask).sum() / _at_least_one(denominator)
         return (per_token * mask).sum(1).mean()
     raise ValueError(f"aggregation must be 'token-mean' or 'sequence-sum', got {aggregation!r}")
 
@@ -198,11 +210,16 @@ def step_agent(policy: Any, optimizer: torch.optim.Optimizer, agent: str, max_gr
     return float(norm)
 
 
-def _token_mean(values: torch.Tensor, mask: torch.Tensor, tokens: float | None) -> torch.Tensor:
+def _at_least_one(count: float | torch.Tensor) -> float | torch.Tensor:
+    """A given denominator, at least 1: a float on the host, a tensor on its device."""
+    return count.clamp(min=1.0) if isinstance(count, torch.Tensor) else max(float(count), 1.0)
+
+
+def _token_mean(values: torch.Tensor, mask: torch.Tensor, tokens: float | torch.Tensor | None) -> torch.Tensor:
     """Mean of ``values`` over the tokens of ``mask``, or their sum over ``tokens`` (a whole turn's count)."""
     if tokens is None:
         return masked_mean(values, mask)
-    return (values * mask.to(values.dtype)).sum() / max(tokens, 1.0)
+    return (values * mask.to(values.dtype)).sum() / _at_least_one(tokens)
 
 
 def micro_batch_loss(
@@ -213,9 +230,9 @@ def micro_batch_loss(
     config: Any,
     *,
     old: torch.Tensor | None = None,
-    denominator: float | None = None,
+    denominator: float | torch.Tensor | None = None,
     reference: torch.Tensor | None = None,
-    kl_tokens: float | None = None,
+    kl_tokens: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The loss of one micro-batch of :func:`update_agent`: ``agent``'s log-probs of ``rows`` (a slice of
     ``policy.checked_rows``), the policy-gradient loss with ``advantages`` (its rows'), ratios to ``old``
@@ -223,7 +240,8 @@ def micro_batch_loss(
     or a sum over ``kl_tokens``). Returns (loss, policy-gradient loss, KL term or None, log-probs).
 
     Tensor operations only, nothing read back to the host: ``torch.compile(micro_batch_loss, fullgraph=True)``
-    traces it whole, with its backward (tested), as a captured GPU graph needs."""
+    traces it whole, with its backward, as a captured GPU graph needs; :func:`update_agent` runs it so with
+    ``compile_update`` (baselines/rl/compiled_update.py)."""
     logprobs = policy.logprobs_of(agent, rows, temperature=config.scoring_temperature(agent))
     mask = rows.response_mask
     pg = policy_gradient_loss(logprobs, advantages, mask, config.loss_aggregation, old, config.clip_eps,
@@ -232,6 +250,23 @@ def micro_batch_loss(
         return pg, pg, None, logprobs
     kl = _token_mean(kl_to_reference(logprobs, reference), mask, kl_tokens)
     return pg + config.kl_coef * kl, pg, kl, logprobs
+
+
+def _compiled(policy: Any, agent: str, config: Any, device: torch.device) -> CompiledLoss | None:
+    """The compiled micro-batch loss of ``agent``'s update, or None when ``compile_update`` keeps it eager
+    (baselines/rl/compiled_update.py). ``on`` with a policy that does not score through the fused decoder
+    is an error: the model's own forward through PEFT is not traced whole."""
+    mode = getattr(config, "compile_update", "off")
+    if not compile_wanted(mode, device):
+        return None
+    if not scores_fused(policy, agent):
+        if mode == "auto":
+            return None
+        raise ValueError(
+            f"compile_update='on' compiles the fused decoder's passes (the engine backend, LoRA, no LoRA dropout), "
+            f"and agent {agent!r} is scored through the model's own forward; use --compile-update auto or off"
+        )
+    return compiled_loss(policy, micro_batch_loss, config.compile_backend)
 
 
 def update_agent(
@@ -253,20 +288,6 @@ def update_agent(
     spread = distributed.world_size() > 1
     masks = [turn.responses[agent].response_mask for turn in turns]
     kl_loss = config.kl_in == "loss" and config.kl_coef > 0
-    chunked = any(len(row_slices(turn.responses[agent], config)) > 1 for turn in turns)
-    tokens = denominators = None
-    if spread or chunked:
-        # Losses of the parts (ranks, micro-batches) are divided by the whole turn's counts, so they add
-        # up to the one-batch loss.
-        counts = [float(m.sum()) for m in masks]
-        n_rows = [float(len(m)) for m in masks]
-        tokens = distributed.all_sum(counts) if spread else counts
-        rows = distributed.all_sum(n_rows) if spread else n_rows
-        denominators = tokens if config.loss_aggregation == "token-mean" else rows
-
-    def token_mean(values: torch.Tensor, mask: torch.Tensor, t: int) -> torch.Tensor:
-        return _token_mean(values, mask, None if tokens is None else tokens[t])
-
     ref = [reference_logprobs(policy, agent, turn.responses[agent], config) for turn in turns] if kl_loss else []
     # Each turn's rows checked and placed once, and the advantages copied once: in the micro-batch loop
     # below nothing waits for the device (each check, search for repeated prompts or copy from pageable
@@ -276,6 +297,26 @@ def update_agent(
     placed = [r for r in rows if r is not None]
     if placed:
         advantages = to_device(advantages, placed[0].response_ids.device)
+    compiled = _compiled(policy, agent, config, placed[0].response_ids.device) if placed else None
+    chunked = any(len(row_slices(turn.responses[agent], config)) > 1 for turn in turns)
+    tokens = denominators = None
+    if spread or chunked or compiled is not None:
+        # Losses of the parts (ranks, micro-batches) are divided by the whole turn's counts, so they add
+        # up to the one-batch loss (and a compiled pass's pad rows and columns change nothing).
+        counts = [float(m.sum()) for m in masks]
+        n_rows = [float(len(m)) for m in masks]
+        tokens = distributed.all_sum(counts) if spread else counts
+        row_counts = distributed.all_sum(n_rows) if spread else n_rows
+        denominators = tokens if config.loss_aggregation == "token-mean" else row_counts
+    counted: tuple[torch.Tensor, torch.Tensor] | None = None
+    if compiled is not None and tokens is not None and denominators is not None:
+        # On the device, copied once: a compiled graph takes them as inputs, not as constants of one graph each.
+        counted = (to_device(torch.tensor(denominators), placed[0].response_ids.device),
+                   to_device(torch.tensor(tokens), placed[0].response_ids.device))
+
+    def token_mean(values: torch.Tensor, mask: torch.Tensor, t: int) -> torch.Tensor:
+        return _token_mean(values, mask, None if tokens is None else tokens[t])
+
     stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_fraction": [], "grad_norm": []}
     first_epoch: dict[tuple[int, int], torch.Tensor] = {}  # (turn, first row) -> log-probs before the update
     for epoch in range(config.num_epochs):
@@ -288,7 +329,8 @@ def update_agent(
             gen = turn.responses[agent]
             denominator = None if denominators is None else denominators[t]
             turn_pg = turn_kl = turn_clip = torch.zeros((), dtype=torch.float64)
-            for c in row_slices(gen, config):
+            passes = [(c, 0) for c in row_slices(gen, config)] if counted is None else compiled_slices(gen, config)
+            for c, n_pad in passes:
                 part = rows[t]
                 assert part is not None  # a turn without rows has no slices
                 mask = part.response_mask[c]
@@ -297,10 +339,25 @@ def update_agent(
                 # log-probs are the first epoch's own (the same forward; the decode-time log-probs
                 # differ from it by rounding in bf16, ~0.03 nats a token).
                 old = first_epoch[(t, c.start)] if epoch > 0 else None
-                loss, pg, kl, logprobs = micro_batch_loss(
-                    policy, agent, part[c], advantages[c, t], config, old=old, denominator=denominator,
-                    reference=ref[t][c] if kl_loss else None, kl_tokens=None if tokens is None else tokens[t],
-                )
+                reference = ref[t][c] if kl_loss else None
+                if compiled is None or counted is None:
+                    loss, pg, kl, logprobs = micro_batch_loss(
+                        policy, agent, part[c], advantages[c, t], config, old=old, denominator=denominator,
+                        reference=reference, kl_tokens=None if tokens is None else tokens[t],
+                    )
+                    # Backward per part: only one part's graph is alive at a time.
+                    (loss / len(turns)).backward()
+                else:
+                    width = coarse_length(mask.shape[1])
+                    loss, pg, kl, logprobs = compiled.run(
+                        agent, len(turns), policy, agent,
+                        pad_rows(part[c], n_pad, coarse_length(part.prompt_ids.shape[1]), width),
+                        pad_to(advantages[c, t], n_pad), config,
+                        old=None if old is None else pad_to(old, n_pad, width), denominator=counted[0][t],
+                        reference=None if reference is None else pad_to(reference, n_pad, width),
+                        kl_tokens=counted[1][t] if kl_loss else None,
+                    )
+                    logprobs = logprobs[: len(mask), : mask.shape[1]]
                 if epoch == 0 and config.num_epochs > 1:
                     first_epoch[(t, c.start)] = logprobs.detach()
                 if kl is not None:
@@ -309,8 +366,6 @@ def update_agent(
                     ratio = torch.exp(logprobs.detach() - old)
                     clipped = ((ratio - 1).abs() > config.clip_eps).float()
                     turn_clip = turn_clip + token_mean(clipped, mask, t).double()
-                # Backward per part: only one part's graph is alive at a time.
-                (loss / len(turns)).backward()
                 total = total + loss.detach() / len(turns)
                 turn_pg = turn_pg + pg.detach().double()
             pending["pg_loss"].append(turn_pg)
@@ -338,9 +393,13 @@ def update_agent(
     # (its adapter's size in float32) through the other agents' updates, the rollout and the evaluation.
     optimizer.zero_grad(set_to_none=True)
     out = {k: float(np.mean(v)) for k, v in stats.items() if v}
+    if compiled is not None:
+        out.update(compiled.take_stats(agent))
     if spread:
-        # Each rank's losses are its part of the global sums; the gradient norm is already global.
-        summed = distributed.reduce_metrics({k: v for k, v in out.items() if k != "grad_norm"}, op="sum")
+        # Each rank's losses are its part of the global sums; the gradient norm is already global, and the
+        # compile statistics are this rank's own.
+        own = ("grad_norm", *CHARTS)
+        summed = distributed.reduce_metrics({k: v for k, v in out.items() if k not in own}, op="sum")
         out.update(summed)
     return out
 
