@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,27 +50,6 @@ def seeded(fn: Callable[[], float]) -> float:
     """What ``fn`` returns (its ms a step), with torch's global generator seeded alike for every call."""
     torch.manual_seed(0)
     return fn()
-
-
-def bare_call_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> float:
-    """:func:`generate.bare_loop_ms` timed over the whole call, its prefill included, as the engine's and
-    ``generate``'s figures are: ms over its steps."""
-    start = time.perf_counter()
-    with torch.no_grad():
-        cache = DynamicCache()
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        attention = mask
-        for _ in range(steps):
-            attention = torch.cat([attention, torch.ones_like(token)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = model(
-                input_ids=token, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
-            )
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-        int(token[0, 0])  # waits for the device
-    return 1000 * (time.perf_counter() - start) / steps
 
 
 def generate_ms(model, tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> float:
@@ -116,7 +94,8 @@ def main() -> None:
             prompts = {"helper": (ids[:half], mask[:half]), "main": (ids[half:], mask[half:])}
             runs = (
                 ("bare loop", functools.partial(bare_loop_ms, model, ids, mask, STEPS)),
-                ("bare loop, prefill included", functools.partial(bare_call_ms, model, ids, mask, STEPS)),
+                ("bare loop, prefill included",
+                 functools.partial(bare_loop_ms, model, ids, mask, STEPS, whole_call=True)),
                 ("model.generate", functools.partial(generate_ms, model, tokenizer, ids, mask)),
                 ("engine, 2 adapters", functools.partial(engine_ms, policy, prompts)),
             )

@@ -85,10 +85,13 @@ def timed(fn, repeats: int) -> dict[str, float]:
     }
 
 
-def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> float:
-    """ms per decode step of a plain KV-cache loop (forward + arg-max) over ``model``: the floor."""
+def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int, *, whole_call: bool = False) -> float:
+    """ms per decode step of a plain KV-cache loop (forward + arg-max) over ``model``: the floor. With
+    ``whole_call`` the prefill is timed too (as the engine's and ``generate``'s whole calls are), still
+    over ``steps``."""
     from transformers import DynamicCache
 
+    called = time.perf_counter()
     with torch.no_grad():
         cache = DynamicCache()
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -97,7 +100,7 @@ def bare_loop_ms(model, ids: torch.Tensor, mask: torch.Tensor, steps: int) -> fl
         attention = mask
         if ids.is_cuda:
             torch.cuda.synchronize(ids.device)
-        start = time.perf_counter()
+        start = called if whole_call else time.perf_counter()
         for _ in range(steps):
             attention = torch.cat([attention, torch.ones_like(token)], dim=1)
             positions = positions[:, -1:] + 1
